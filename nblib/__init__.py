@@ -1,0 +1,1 @@
+"""nblib: the capture-corruption investigation suite's library (see README.md)."""

@@ -1,0 +1,54 @@
+"""One facade, two backends: model, runner and workload code call `dev.X` where they would call
+`torch.cuda.X`, so the same decode step runs on a real GPU ("cuda") and on the CPU simulator ("sim").
+
+    dev = nblib.device.get("cuda" | "sim" | "auto")
+    s = dev.Stream(); with dev.stream(s): ...; dev.current_stream().wait_stream(s)
+    g = dev.CUDAGraph(); with dev.graph(g, pool=dev.graph_pool_handle()): ...; g.replay()
+"""
+import torch
+
+BACKENDS = ("cuda", "sim")
+
+
+class CudaDevice:
+    """A thin alias of torch.cuda: the only place in nblib that touches torch.cuda."""
+
+    name = "cuda"
+
+    def __init__(self):
+        self.torch_device = torch.device("cuda", torch.cuda.current_device())
+        self.Stream = torch.cuda.Stream
+        self.Event = torch.cuda.Event
+        self.CUDAGraph = torch.cuda.CUDAGraph
+        self.stream = torch.cuda.stream
+        self.current_stream = torch.cuda.current_stream
+        self.graph = torch.cuda.graph
+        self.graph_pool_handle = torch.cuda.graph_pool_handle
+        self.synchronize = torch.cuda.synchronize
+        self.is_current_stream_capturing = torch.cuda.is_current_stream_capturing
+        self.manual_seed = torch.cuda.manual_seed
+
+    def device_name(self):
+        return torch.cuda.get_device_name(self.torch_device)
+
+    def memory_history(self, enabled):
+        """Record the caching allocator's alloc/free trace (addresses, sizes, streams, stacks)."""
+        torch.cuda.memory._record_memory_history("all" if enabled else None, stacks="python")
+
+    def memory_snapshot(self):
+        return torch.cuda.memory._snapshot()
+
+
+def get(name="auto"):
+    """The device facade for `name`: "cuda", "sim", or "auto" (cuda when present, else sim)."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "sim"
+    if name not in BACKENDS:
+        raise ValueError(f"unknown backend {name!r}: choose one of {', '.join(BACKENDS)} (or auto)")
+    if name == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError("backend 'cuda' needs a CUDA GPU and this machine has none: "
+                               "use backend 'sim' (the CPU simulator) instead")
+        return CudaDevice()
+    from nblib import sim  # imported lazily: the simulator is pure CPU code
+    return sim.SimDevice()

@@ -1,0 +1,202 @@
+"""The miniature decode step, in the shape of DeepSeek-V4's sparse-attention layer as SGLang runs it.
+
+One step for a batch of requests:
+  main stream   compressor (4:1): append one index-K entry and one KV entry for requests that
+                crossed a 4-token boundary; project the indexer's queries and head weights
+  indexer       logits[b, t] = sum_h w[b,h] relu(q[b,h] . k[t]) over the paged index-K cache,
+                then top-k (the entries sparse attention will read)
+  main stream   the MLP, large enough to run alongside the indexer
+  join          sparse attention over the top-k entries, output projection
+
+Knobs, as in the real engine:
+  index_dtype   bf16 | fp8     the index-K cache layout (kernels.indexer)
+  overlap       on | off       on: while capturing, the indexer forks to an alternate stream
+                               (eager decode never forks, as in the engine)
+  logits_policy transient | persistent
+                transient: the bf16 path allocates its logits with torch.empty on the main stream
+                before forking, the way the faulty engine did; the fp8 path allocates its own on
+                the stream it runs on (a kernel library's habit). persistent: one buffer per
+                bucket, allocated before capture, outside the graph pool.
+"""
+from dataclasses import dataclass, replace
+import math
+
+import torch
+import torch.nn.functional as F
+
+from kernels import indexer as kx
+
+INDEX_DTYPES = ("bf16", "fp8")
+OVERLAPS = ("on", "off")
+LOGITS_POLICIES = ("transient", "persistent")
+PAGE = kx.PAGE
+
+
+def check_choice(name, value, choices):
+    """One-line error naming the valid choices, raised before anything is allocated."""
+    if value not in choices:
+        raise ValueError(f"unknown {name} {value!r}: choose one of {', '.join(map(str, choices))}")
+    return value
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    heads: int = 64          # index heads
+    dim: int = 128           # index head dim (also the KV entry width)
+    topk: int = 512
+    max_ctx: int = 65536     # compressed entries a request may hold (max_c4_seq_len)
+    d_model: int = 4096
+    ffn: int = 32768
+    num_pages: int = 4096    # pages in each cache, page 0 is scratch
+    vocab: int = 4096
+    index_dtype: str = "bf16"
+    overlap: str = "on"
+    logits_policy: str = "transient"
+    seed: int = 0
+
+    def __post_init__(self):
+        check_choice("index dtype", self.index_dtype, INDEX_DTYPES)
+        check_choice("overlap mode", self.overlap, OVERLAPS)
+        check_choice("logits policy", self.logits_policy, LOGITS_POLICIES)
+        if self.max_ctx % PAGE:
+            raise ValueError(f"max_ctx must be a multiple of the page size {PAGE}, got {self.max_ctx}")
+
+    def with_knobs(self, **knobs):
+        return replace(self, **knobs)
+
+
+class DecodeModel:
+    """Weights and caches live here, allocated once, before any capture."""
+
+    def __init__(self, cfg: ModelConfig, dev):
+        self.cfg, self.dev = cfg, dev
+        d = dev.torch_device
+        g = torch.Generator(device="cpu").manual_seed(cfg.seed)
+
+        def w(*shape, scale):
+            return (torch.randn(*shape, generator=g) * scale).to(torch.bfloat16).to(d)
+
+        D, H, M = cfg.dim, cfg.heads, cfg.d_model
+        self.embed = w(cfg.vocab, M, scale=1.0)
+        self.w_idx_k = w(M, D, scale=M ** -0.5)      # compressor: index-K entry
+        self.w_kv = w(M, D, scale=M ** -0.5)         # compressor: KV entry for sparse attention
+        self.w_q = w(M, H * D, scale=M ** -0.5)
+        self.w_head = w(M, H, scale=M ** -0.5)
+        self.w_qa = w(M, D, scale=M ** -0.5)
+        self.w_o = w(D, M, scale=D ** -0.5)
+        self.w_up = w(M, cfg.ffn, scale=M ** -0.5)
+        self.w_down = w(cfg.ffn, M, scale=cfg.ffn ** -0.5)
+        slots = cfg.num_pages * PAGE
+        if cfg.index_dtype == "bf16":
+            self.index_cache = torch.zeros(cfg.num_pages, PAGE, D, dtype=torch.bfloat16, device=d)
+        else:
+            self.index_cache = torch.zeros(cfg.num_pages, kx.FP8_PAGE_BYTES, dtype=torch.uint8, device=d)
+        self.kv_cache = torch.zeros(slots, D, dtype=torch.bfloat16, device=d)
+        self.side = dev.Stream()
+        self.persistent_logits = {}   # bucket -> buffer made before capture (logits_policy persistent)
+        self.captures = []            # (bucket, name, tensor, stream) noted while capturing
+
+    # -- cache writes, used by prefill (eager) and by the compressor inside the step ------------
+    def store(self, slots, h_idx, h_kv):
+        """Append index-K and KV entries at flat slots (page * 64 + offset)."""
+        if self.cfg.index_dtype == "bf16":
+            kx.write_entries_bf16_(self.index_cache, slots, h_idx)
+        else:
+            kx.write_entries_fp8_(self.index_cache, slots, h_idx)
+        self.kv_cache.index_copy_(0, slots, h_kv.to(self.kv_cache.dtype))
+
+    def prefill_entries(self, slots, gen):
+        """Random index-K and KV entries for a prompt's compressed tokens (prefill is not studied)."""
+        n, D = slots.numel(), self.cfg.dim
+        k = torch.randn(n, D, generator=gen, device=gen.device)
+        v = torch.randn(n, D, generator=gen, device=gen.device)
+        self.store(slots, k, v)
+
+    def prepare(self, bucket):
+        """What must exist before capturing `bucket`: the persistent logits buffer, if used."""
+        if self.cfg.logits_policy == "persistent" and bucket not in self.persistent_logits:
+            self.persistent_logits[bucket] = torch.empty(
+                bucket, self.cfg.max_ctx, dtype=torch.float32, device=self.dev.torch_device)
+
+    # -- the step -------------------------------------------------------------------------------
+    def step(self, tokens, page_table, seq_lens, store_slots):
+        """One decode step. Returns (out [bs, d_model], topk [bs, topk]). Plain torch + facade."""
+        cfg, dev = self.cfg, self.dev
+        x = self.embed[tokens]                                   # [bs, M]
+        # compressor: every request writes one slot; those not at a 4-token boundary write scratch
+        self.store(store_slots, x @ self.w_idx_k, x @ self.w_kv)
+        q = (x @ self.w_q).view(-1, cfg.heads, cfg.dim)
+        head_w = (x @ self.w_head).float()
+        fork = cfg.overlap == "on" and dev.is_current_stream_capturing()
+        if fork:
+            main = dev.current_stream()
+            self.side.wait_stream(main)
+            logits = self._logits_buffer(len(tokens), use="side")
+            with dev.stream(self.side):
+                topk = self.indexer(q, head_w, page_table, seq_lens, logits)
+            del logits    # the engine's transient dies here, before the join
+            y = self.mlp(x)
+            main.wait_stream(self.side)
+        else:
+            topk = self.indexer(q, head_w, page_table, seq_lens,
+                                self._logits_buffer(len(tokens), use="main"))
+            y = self.mlp(x)
+        return y + self.sparse_attention(x, topk, page_table), topk
+
+    def _logits_buffer(self, bs, use):
+        """bf16 transient: torch.empty on the calling (main) stream, as the faulty engine did.
+        fp8 transient: None, the indexer allocates on its own stream. persistent: the bucket's buffer."""
+        cfg = self.cfg
+        if cfg.logits_policy == "persistent":
+            return self.persistent_logits[bs]
+        if cfg.index_dtype == "fp8":
+            return None
+        t = torch.empty(bs, cfg.max_ctx, dtype=torch.float32, device=self.dev.torch_device)
+        self.note("indexer.logits", t, use)
+        return t
+
+    def indexer(self, q, head_w, page_table, seq_lens, logits):
+        cfg = self.cfg
+        if cfg.index_dtype == "bf16":
+            kx.indexer_logits_bf16(q, head_w, self.index_cache, page_table, seq_lens, logits)
+        else:
+            if logits is None:   # allocated here, on the stream the indexer runs on
+                logits = torch.empty(q.shape[0], cfg.max_ctx, dtype=torch.float32,
+                                     device=self.dev.torch_device)
+                self.note("indexer.logits", logits, _stream_name(self.dev, self.side))
+            kx.indexer_logits_fp8(q.to(torch.float8_e4m3fn), head_w, self.index_cache,
+                                  page_table, seq_lens, logits)
+        return kx.topk_indices(logits, cfg.topk)
+
+    def mlp(self, x):
+        h = x @ self.w_up
+        a = F.gelu(h, approximate="tanh")
+        y = a @ self.w_down
+        for name, t in (("mlp.up", h), ("mlp.act", a), ("mlp.down", y)):
+            self.note(name, t, "main")
+        return y
+
+    def sparse_attention(self, x, topk, page_table):
+        """Attend over the selected compressed entries only; -1 marks an empty selection."""
+        valid = topk >= 0
+        t = topk.clamp(min=0).long()
+        slots = page_table.long().gather(1, t // PAGE) * PAGE + t % PAGE
+        kv = self.kv_cache[slots].float()                         # [bs, K, D]
+        qa = (x @ self.w_qa).float()                              # [bs, D]
+        scores = (kv @ qa.unsqueeze(-1)).squeeze(-1) / math.sqrt(self.cfg.dim)
+        p = torch.softmax(scores.masked_fill(~valid, float("-inf")), dim=-1)
+        attn = (p.unsqueeze(1) @ kv).squeeze(1).to(torch.bfloat16)
+        return attn @ self.w_o
+
+    # -- what the capture allocated, for naming aliases ----------------------------------------
+    bucket = None   # set by the runner while it captures
+
+    def note(self, name, t, use):
+        """Remember a transient's bytes and the stream that uses them, while capturing."""
+        if self.dev.is_current_stream_capturing():
+            self.captures.append(dict(bucket=self.bucket, tensor=name, addr=t.data_ptr(),
+                                      nbytes=t.numel() * t.element_size(), stream=use))
+
+
+def _stream_name(dev, side):
+    return "side" if dev.current_stream() == side else "main"

@@ -1,0 +1,124 @@
+"""Captured decode graphs, one per batch-size bucket, the way serving engines keep them.
+
+Buckets are captured largest first into one shared graph pool (so smaller buckets reuse the
+larger ones' freed blocks, as SGLang and vLLM do); a batch is padded up to its bucket.
+Padding rows read page 0, the scratch page, and store into its last slot.
+"""
+import torch
+
+from nblib.model import PAGE
+
+SCRATCH_SLOT = PAGE - 1   # page 0, last slot: where rows with nothing to store write
+MODES = ("graph", "eager")
+
+
+def bucket_for(bs, buckets):
+    fits = [b for b in sorted(buckets) if b >= bs]
+    if not fits:
+        raise ValueError(f"batch of {bs} is larger than the largest bucket {max(buckets)}")
+    return fits[0]
+
+
+def check_buckets(buckets):
+    bad = [b for b in buckets if not isinstance(b, int) or b < 1]
+    if bad or not buckets:
+        raise ValueError(f"buckets must be positive integers, got {buckets!r}")
+    return sorted(set(buckets))
+
+
+class StaticBatch:
+    """The fixed input buffers a graph reads: tokens, page table, sequence lengths, store slots."""
+
+    def __init__(self, bucket, max_pages, device):
+        self.tokens = torch.zeros(bucket, dtype=torch.long, device=device)
+        self.page_table = torch.zeros(bucket, max_pages, dtype=torch.int32, device=device)
+        self.seq_lens = torch.ones(bucket, dtype=torch.int32, device=device)
+        self.store_slots = torch.full((bucket,), SCRATCH_SLOT, dtype=torch.long, device=device)
+
+    def args(self):
+        return self.tokens, self.page_table, self.seq_lens, self.store_slots
+
+    def fill(self, tokens, page_table, seq_lens, store_slots):
+        n = len(tokens)
+        self.tokens[:n].copy_(tokens); self.tokens[n:].zero_()
+        self.page_table[:n].copy_(page_table); self.page_table[n:].zero_()
+        self.seq_lens[:n].copy_(seq_lens); self.seq_lens[n:].fill_(1)
+        self.store_slots[:n].copy_(store_slots); self.store_slots[n:].fill_(SCRATCH_SLOT)
+
+
+class Runner:
+    """mode "graph": replay the bucket's captured graph; mode "eager": run the step eagerly
+    on the same padded batch (eager decode never forks streams)."""
+
+    def __init__(self, model, buckets, mode="graph"):
+        if mode not in MODES:
+            raise ValueError(f"unknown mode {mode!r}: choose one of {', '.join(MODES)}")
+        self.model, self.dev, self.mode = model, model.dev, mode
+        self.buckets = check_buckets(buckets)
+        self.max_pages = model.cfg.max_ctx // PAGE
+        self.static = {b: StaticBatch(b, self.max_pages, self.dev.torch_device) for b in self.buckets}
+        self.graphs = {}
+
+    def capture(self):
+        """Warm up each bucket eagerly, then capture largest first into one shared pool."""
+        if self.mode != "graph":
+            return self
+        dev, model = self.dev, self.model
+        self.pool = dev.graph_pool_handle()
+        for b in sorted(self.buckets, reverse=True):
+            model.prepare(b)
+            st = self.static[b]
+            warm = dev.Stream()
+            warm.wait_stream(dev.current_stream())
+            with dev.stream(warm):
+                model.step(*st.args())
+            dev.current_stream().wait_stream(warm)
+            dev.synchronize()
+            g = dev.CUDAGraph()
+            model.bucket = b
+            with dev.graph(g, pool=self.pool):
+                out, topk = model.step(*st.args())
+            model.bucket = None
+            self.graphs[b] = (g, out, topk)
+        dev.synchronize()
+        return self
+
+    def run(self, tokens, page_table, seq_lens, store_slots):
+        """Decode one step for a batch of len(tokens) requests; returns (out, topk, bucket)."""
+        bs = len(tokens)
+        b = bucket_for(bs, self.buckets)
+        st = self.static[b]
+        st.fill(tokens, page_table, seq_lens, store_slots)
+        if self.mode == "graph":
+            g, out, topk = self.graphs[b]
+            g.replay()
+        else:
+            out, topk = self.model.step(*st.args())
+        return out[:bs], topk[:bs], b
+
+    def reference(self, tokens, page_table, seq_lens, store_slots):
+        """The eager single-stream step on the same padded batch: what every step must equal."""
+        b = bucket_for(len(tokens), self.buckets)
+        st = StaticBatch(b, self.max_pages, self.dev.torch_device)
+        st.fill(tokens, page_table, seq_lens, store_slots)
+        out, topk = self.model.step(*st.args())
+        return out[:len(tokens)], topk[:len(tokens)]
+
+    def aliases(self):
+        """Pairs of transients noted during capture that share bytes but are used on different
+        streams: the block reuse that lets two graph nodes race."""
+        found = []
+        notes = self.model.captures
+        for i, a in enumerate(notes):
+            for b in notes[i + 1:]:
+                if a["bucket"] != b["bucket"] or a["stream"] == b["stream"]:
+                    continue
+                lo = max(a["addr"], b["addr"])
+                hi = min(a["addr"] + a["nbytes"], b["addr"] + b["nbytes"])
+                if lo < hi:
+                    found.append(dict(bucket=a["bucket"], first=a["tensor"], first_stream=a["stream"],
+                                      first_addr=hex(a["addr"]), first_nbytes=a["nbytes"],
+                                      second=b["tensor"], second_stream=b["stream"],
+                                      second_addr=hex(b["addr"]), second_nbytes=b["nbytes"],
+                                      shared_bytes=hi - lo))
+        return found

@@ -1,0 +1,31 @@
+import pytest
+import torch
+
+from nblib.model import DecodeModel, ModelConfig
+
+TINY = dict(heads=4, dim=128, topk=32, max_ctx=1024, d_model=256, ffn=1024, num_pages=256, vocab=512)
+
+
+class EagerCpu:
+    """The smallest device: plain CPU torch, one stream, never capturing (the eager path only)."""
+    name = "cpu"
+    torch_device = torch.device("cpu")
+
+    def Stream(self):
+        return None
+
+    def is_current_stream_capturing(self):
+        return False
+
+    def synchronize(self):
+        pass
+
+
+@pytest.fixture
+def eager_dev():
+    return EagerCpu()
+
+
+@pytest.fixture
+def tiny_model(eager_dev):
+    return DecodeModel(ModelConfig(**TINY), eager_dev)

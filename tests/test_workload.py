@@ -1,0 +1,122 @@
+import json
+
+import pytest
+import torch
+
+from kernels import indexer as kx
+from nblib import device, stats
+from nblib.model import DecodeModel, ModelConfig
+from nblib.reproduce import check_matrix_args, fingerprint
+from nblib.results import Results
+from nblib.runner import Runner, bucket_for
+from nblib.workload import WorkloadConfig, run_sessions
+
+from conftest import TINY
+
+W = dict(sessions=6, rounds=2, concurrency=4, ctx_min=64, ctx_max=600, turn_ctx=64, out_min=4, out_max=9,
+         think_min=1, think_max=3)
+
+
+def test_wilson_known_values():
+    lo, hi = stats.wilson(0, 40)
+    assert lo == 0 and hi == pytest.approx(0.0876, abs=1e-3)
+    lo, hi = stats.wilson(5, 10)
+    assert (lo, hi) == (pytest.approx(0.2366, abs=1e-3), pytest.approx(0.7634, abs=1e-3))
+    assert stats.wilson(0, 0) == (0.0, 1.0)
+
+
+def test_bad_choices_fail_in_one_line_naming_the_valid_ones():
+    with pytest.raises(ValueError, match="bf16, fp8"):
+        ModelConfig(index_dtype="fp16")
+    with pytest.raises(ValueError, match="on, off"):
+        ModelConfig(overlap="maybe")
+    with pytest.raises(ValueError, match="transient, persistent"):
+        ModelConfig(logits_policy="pooled")
+    with pytest.raises(ValueError, match="graph, eager"):
+        check_matrix_args(["bf16"], ["replay"], ["on"], [1])
+    with pytest.raises(ValueError, match="positive integers"):
+        check_matrix_args(["bf16"], ["graph"], ["on"], [0, 2])
+    with pytest.raises(ValueError, match="cuda, sim"):
+        device.get("tpu")
+    with pytest.raises(ValueError, match="largest bucket"):
+        bucket_for(9, [1, 2, 8])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on a machine without CUDA")
+def test_cuda_backend_without_cuda_names_sim():
+    with pytest.raises(RuntimeError, match="sim"):
+        device.get("cuda")
+
+
+def test_eager_step_matches_direct_reference(tiny_model):
+    m = tiny_model
+    bs, seq = 3, torch.tensor([700, 65, 1], dtype=torch.int32)
+    table = torch.zeros(bs, m.cfg.max_ctx // 64, dtype=torch.int32)
+    table[:, :11] = torch.arange(1, 1 + bs * 11, dtype=torch.int32).view(bs, 11)
+    m.prefill_entries(torch.arange(64, 64 * (1 + bs * 11)), torch.Generator().manual_seed(3))
+    tokens = torch.tensor([5, 6, 7])
+    stores = torch.full((bs,), 63)
+    out, topk = m.step(tokens, table, seq, stores)
+    x = m.embed[tokens]
+    q = (x @ m.w_q).view(bs, m.cfg.heads, m.cfg.dim)
+    logits = kx.ref_logits_bf16(q, (x @ m.w_head).float(), m.index_cache, table, seq, m.cfg.max_ctx)
+    assert torch.equal(topk, kx.topk_indices(logits, m.cfg.topk))
+    assert (topk[2] >= 0).sum() == 1 and (topk[1] >= 0).sum() == 32   # only live entries selected
+    assert out.shape == (bs, m.cfg.d_model) and torch.isfinite(out.float()).all()
+
+
+class Perturbing(Runner):
+    """Test double: corrupts one row of one chosen step, to see the verdicts count it."""
+
+    def __init__(self, *a, bad_step, **k):
+        super().__init__(*a, **k)
+        self.bad_step, self.n = bad_step, 0
+
+    def run(self, *args):
+        out, topk, b = super().run(*args)
+        if self.n == self.bad_step:
+            topk = topk.clone()
+            topk[0, 0] += 1
+        self.n += 1
+        return out, topk, b
+
+
+def test_verdicts_count_a_diverged_step(tiny_model):
+    clean = run_sessions(Runner(tiny_model, [1, 2, 4], "eager"), WorkloadConfig(**W))
+    assert clean["corrupted_sessions"] == 0 and clean["corrupted_steps"] == 0 and clean["steps"] > 10
+    bad = run_sessions(Perturbing(tiny_model, [1, 2, 4], "eager", bad_step=5), WorkloadConfig(**W))
+    assert bad["corrupted_steps"] == 1 and bad["corrupted_sessions"] == 1
+    assert bad["corrupted_ids"] == [bad["step_log"][5]["sessions"][0]]
+
+
+def test_continuous_batching_pads_to_buckets(tiny_model):
+    r = run_sessions(Runner(tiny_model, [1, 2, 4], "eager"), WorkloadConfig(**W))
+    assert all(s["bs"] <= 4 and s["bucket"] == bucket_for(s["bs"], [1, 2, 4]) for s in r["step_log"])
+    assert {s["bs"] for s in r["step_log"]} >= {1, 4}     # the batch really fills and drains
+    served = {}
+    for s in r["step_log"]:
+        for sid in s["sessions"]:
+            served[sid] = served.get(sid, 0) + 1
+    assert sorted(served) == list(range(W["sessions"]))
+
+
+def test_fingerprint_reports_what_rows_say():
+    rows = [dict(index_dtype="bf16", mode="graph", overlap="on", bucket=4, sessions=10, corrupted_sessions=3),
+            dict(index_dtype="bf16", mode="eager", overlap="on", bucket=4, sessions=10, corrupted_sessions=0),
+            dict(index_dtype="fp8", mode="graph", overlap="on", bucket=4, sessions=10, corrupted_sessions=1),
+            dict(index_dtype="bf16", mode="graph", overlap="off", bucket=1, sessions=10, corrupted_sessions=0)]
+    fp = {c["check"]: c for c in fingerprint(rows)}
+    assert fp["bf16 + graph + overlap on, bucket > 1"]["holds"]
+    assert fp["eager"]["holds"] and not fp["fp8"]["holds"]
+    assert fp["bucket 1"]["upper95"] == pytest.approx(stats.wilson(0, 10)[1])
+
+
+def test_results_status_is_ok_only_after_finish(tmp_path, eager_dev):
+    eager_dev.device_name = lambda: "cpu"
+    res = Results("nb", tmp_path, eager_dev, {"a": 1})
+    assert json.loads((tmp_path / "nb.results.json").read_text())["status"] == "running"
+    res["x"] = [1, 2]
+    res.finish()
+    data = json.loads((tmp_path / "nb.results.json").read_text())
+    assert data["status"] == "ok" and data["x"] == [1, 2] and data["params"] == {"a": 1}
+    assert list(tmp_path.iterdir()) == [tmp_path / "nb.results.json"]   # no temp files left
