@@ -163,7 +163,7 @@ class DecodeModel:
             if logits is None:   # allocated here, on the stream the indexer runs on
                 logits = torch.empty(q.shape[0], cfg.max_ctx, dtype=torch.float32,
                                      device=self.dev.torch_device)
-                self.note("indexer.logits", logits, _stream_name(self.dev, self.side))
+                self.note("indexer.logits", logits)
             kx.indexer_logits_fp8(q.to(torch.float8_e4m3fn), head_w, self.index_cache,
                                   page_table, seq_lens, logits)
         return kx.topk_indices(logits, cfg.topk)
@@ -191,12 +191,10 @@ class DecodeModel:
     # -- what the capture allocated, for naming aliases ----------------------------------------
     bucket = None   # set by the runner while it captures
 
-    def note(self, name, t, use):
-        """Remember a transient's bytes and the stream that uses them, while capturing."""
+    def note(self, name, t, use=None):
+        """Remember a transient's bytes and the stream that uses them (default: the current one),
+        while capturing."""
         if self.dev.is_current_stream_capturing():
+            use = use or ("side" if self.dev.current_stream() == self.side else "main")
             self.captures.append(dict(bucket=self.bucket, tensor=name, addr=t.data_ptr(),
                                       nbytes=t.numel() * t.element_size(), stream=use))
-
-
-def _stream_name(dev, side):
-    return "side" if dev.current_stream() == side else "main"

@@ -4,6 +4,8 @@ Buckets are captured largest first into one shared graph pool (so smaller bucket
 larger ones' freed blocks, as SGLang and vLLM do); a batch is padded up to its bucket.
 Padding rows read page 0, the scratch page, and store into its last slot.
 """
+import contextlib
+
 import torch
 
 from nblib.model import PAGE
@@ -59,11 +61,13 @@ class Runner:
         self.static = {b: StaticBatch(b, self.max_pages, self.dev.torch_device) for b in self.buckets}
         self.graphs = {}
 
-    def capture(self):
-        """Warm up each bucket eagerly, then capture largest first into one shared pool."""
+    def capture(self, record=None):
+        """Warm up each bucket eagerly, then capture largest first into one shared pool.
+        `record(bucket)`, if given, is a context manager wrapped around each capture (tracing)."""
         if self.mode != "graph":
             return self
         dev, model = self.dev, self.model
+        model.captures = []
         self.pool = dev.graph_pool_handle()
         for b in sorted(self.buckets, reverse=True):
             model.prepare(b)
@@ -76,7 +80,7 @@ class Runner:
             dev.synchronize()
             g = dev.CUDAGraph()
             model.bucket = b
-            with dev.graph(g, pool=self.pool):
+            with (record(b) if record else contextlib.nullcontext()), dev.graph(g, pool=self.pool):
                 out, topk = model.step(*st.args())
             model.bucket = None
             self.graphs[b] = (g, out, topk)

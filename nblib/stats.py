@@ -10,7 +10,9 @@ def wilson(k, n, z=1.959963984540054):
     denom = 1 + z * z / n
     centre = (p + z * z / (2 * n)) / denom
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    return max(0.0, centre - half), min(1.0, centre + half)
+    lo = 0.0 if k == 0 else max(0.0, centre - half)   # exact ends: no rounding dust at 0 or n
+    hi = 1.0 if k == n else min(1.0, centre + half)
+    return lo, hi
 
 
 def rate(k, n):
