@@ -218,11 +218,13 @@ def _indexer_logits_kernel(
 # 3. Launchers
 # ---------------------------------------------------------------------------
 
-# First guesses for H200 (sm_90); `python -m kernels.indexer --sweep` times alternatives.
-# bf16: a 64x128 tile is 16 KiB; 4 stages + q keep two CTAs per SM with ~96 KiB in flight.
-# fp8: same bytes per tile with 128 entries (two pages).
-BF16_CONFIG = dict(block_t=64, tiles_per_prog=16, num_warps=4, num_stages=4)
-FP8_CONFIG = dict(block_t=128, tiles_per_prog=8, num_warps=4, num_stages=4)
+# First guesses for H200 (sm_90), not yet timed; `python -m kernels.indexer --sweep`
+# times alternatives. The page-id load -> K load chain costs the pipeliner stages:
+# num_stages <= 4 leaves 2 K buffers and a full wait each iteration (no copy/compute
+# overlap inside a CTA); 7 gives 4 buffers with two tiles in flight behind the dot.
+# bf16: 16 KiB tiles, 83 KB smem -> 2 CTAs/SM. fp8: 128 entries (two pages) = 16 KiB.
+BF16_CONFIG = dict(block_t=64, tiles_per_prog=16, num_warps=4, num_stages=7)
+FP8_CONFIG = dict(block_t=128, tiles_per_prog=8, num_warps=4, num_stages=7)
 # Below this many programs, split requests finer (small batch / short context);
 # a config may override it with "min_programs".
 MIN_PROGRAMS = 1024
@@ -313,7 +315,8 @@ def indexer_logits_bf16_(q, w, kcache, page_table, seq_lens, out, *, config=None
     """Triton: out[bs, max_len] = logits over a bf16 cache. Allocates nothing.
 
     q/kcache may also be float16/float32 (same dtype): a test path, because the
-    Triton interpreter mis-computes tl.dot on bf16 operands.
+    Triton interpreter mis-computes tl.dot on bf16 operands. config overrides
+    BF16_CONFIG (block_t, tiles_per_prog, num_warps, num_stages, min_programs).
     """
     _check_bf16_args(q, w, kcache, page_table, seq_lens, out)
     _launch(q, w, kcache, kcache, page_table, seq_lens, out, config or BF16_CONFIG, is_fp8=False)
@@ -504,7 +507,7 @@ def _median_us(fn):
     return triton.testing.do_bench(fn, return_mode="median") * 1e3
 
 
-def benchmark(bs=32, ctx=65536, heads=64, dim=128, device="cuda"):
+def benchmark(bs=32, ctx=65536, heads=64, dim=128, device="cuda", copy_bytes=2 << 30):
     """Time kernels, torch references and a D2D copy; return one dict per row."""
     x = _bench_inputs(bs, ctx, heads, dim, device)
     q, w, k, pt, sl, out = x["q"], x["w"], x["k"], x["page_table"], x["seq_lens"], x["out"]
@@ -517,7 +520,7 @@ def benchmark(bs=32, ctx=65536, heads=64, dim=128, device="cuda"):
         us = _median_us(fn)
         rows.append(dict(name=name, us=us, bytes=nbytes, gbps=nbytes / us * 1e-3))
 
-    src = torch.empty(2 << 30, dtype=torch.uint8, device=device)
+    src = torch.empty(copy_bytes, dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
     row("copy", lambda: dst.copy_(src), 2 * src.numel())  # bytes read + written
     del src, dst
@@ -537,7 +540,7 @@ def benchmark(bs=32, ctx=65536, heads=64, dim=128, device="cuda"):
 
 SWEEP = [
     dict(block_t=bt, tiles_per_prog=tp, num_warps=nw, num_stages=ns)
-    for bt in (64, 128) for tp in (4, 16) for nw in (4, 8) for ns in (3, 4)
+    for bt in (64, 128) for tp in (4, 16) for nw in (4, 8) for ns in (3, 5, 7)
 ]
 
 

@@ -90,7 +90,7 @@ class DecodeModel:
         if cfg.index_dtype == "bf16":
             self.index_cache = torch.zeros(cfg.num_pages, PAGE, D, dtype=torch.bfloat16, device=d)
         else:
-            self.index_cache = torch.zeros(cfg.num_pages, kx.FP8_PAGE_BYTES, dtype=torch.uint8, device=d)
+            self.index_cache = torch.zeros(cfg.num_pages, kx.fp8_page_bytes(D), dtype=torch.uint8, device=d)
         self.kv_cache = torch.zeros(slots, D, dtype=torch.bfloat16, device=d)
         self.side = dev.Stream()
         self.persistent_logits = {}   # bucket -> buffer made before capture (logits_policy persistent)
@@ -141,7 +141,7 @@ class DecodeModel:
             topk = self.indexer(q, head_w, page_table, seq_lens,
                                 self._logits_buffer(len(tokens), use="main"))
             y = self.mlp(x)
-        return y + self.sparse_attention(x, topk, page_table), topk
+        return y + self.sparse_attention(x, topk, page_table, seq_lens), topk
 
     def _logits_buffer(self, bs, use):
         """bf16 transient: torch.empty on the calling (main) stream, as the faulty engine did.
@@ -176,10 +176,12 @@ class DecodeModel:
             self.note(name, t, "main")
         return y
 
-    def sparse_attention(self, x, topk, page_table):
-        """Attend over the selected compressed entries only; -1 marks an empty selection."""
-        valid = topk >= 0
-        t = topk.clamp(min=0).long()
+    def sparse_attention(self, x, topk, page_table, seq_lens):
+        """Attend over the selected compressed entries only. Like the engine's kernel, it masks
+        any index outside [0, seq_len): -1 marks an empty selection, and a top-k computed from
+        corrupted logits (NaN bit patterns) can hold garbage indices."""
+        valid = (topk >= 0) & (topk < seq_lens.unsqueeze(1))
+        t = torch.where(valid, topk, 0).long()
         slots = page_table.long().gather(1, t // PAGE) * PAGE + t % PAGE
         kv = self.kv_cache[slots].float()                         # [bs, K, D]
         qa = (x @ self.w_qa).float()                              # [bs, D]
