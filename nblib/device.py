@@ -31,6 +31,11 @@ class CudaDevice:
     def device_name(self):
         return torch.cuda.get_device_name(self.torch_device)
 
+    @staticmethod
+    def record_stream(t, stream):
+        """t.record_stream(stream), spelled the same on both backends (CPU tensors have none)."""
+        t.record_stream(stream)
+
     def memory_history(self, enabled):
         """Record the caching allocator's alloc/free trace (addresses, sizes, streams, stacks)."""
         torch.cuda.memory._record_memory_history("all" if enabled else None, stacks="python")

@@ -18,6 +18,7 @@ def write_json(path, obj):
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    os.chmod(tmp, 0o644)   # mkstemp makes 0600; results are for everyone to read
     with os.fdopen(fd, "w") as f:
         json.dump(obj, f, indent=1, default=str)
         f.write("\n")

@@ -31,6 +31,7 @@ persistent tensors (weights, caches, static inputs) are ordinary CPU tensors out
 like tensors allocated outside a graph pool on CUDA.
 """
 import bisect
+import gc
 import itertools
 import os
 import sys
@@ -69,6 +70,15 @@ def allocation_size(size):
     if size < MIN_LARGE_ALLOC:
         return LARGE_BUFFER
     return ROUND_LARGE * ((size + ROUND_LARGE - 1) // ROUND_LARGE)
+
+
+class Segment:
+    """One cudaMalloc: [addr, addr+size), owned by a pool and the stream that allocated it."""
+
+    __slots__ = ("addr", "size", "stream", "pool", "head")
+
+    def __init__(self, addr, size, stream, pool):
+        self.addr, self.size, self.stream, self.pool, self.head = addr, size, stream, pool, None
 
 
 class Block:
@@ -153,7 +163,8 @@ class CachingAllocator:
         self.private = {}               # pool id -> PoolPair
         self.capture_pool = None        # PoolPair allocations are routed to while capturing
         self.deferred = []              # record_stream'ed blocks freed during capture
-        self.segments = []              # first Block of each segment
+        self.segments = []              # Segment list, in allocation order
+        self.active = {}                # addr -> allocated Block
         self.log = []
         self._seq = itertools.count()
 
@@ -189,42 +200,31 @@ class CachingAllocator:
         bp = pp.small if rsize <= SMALL_SIZE else pp.large
         b = bp.best_fit(stream, rsize)
         if b is None:
-            seg = allocation_size(rsize)
-            addr = self.segment_alloc(seg)
-            b = Block(addr, seg, stream, bp, None)
-            b.segment = b
-            self.segments.append(b)
-            self._record("segment_alloc", b, seg)
+            size_seg = allocation_size(rsize)
+            seg = Segment(self.segment_alloc(size_seg), size_seg, stream, bp)
+            b = seg.head = Block(seg.addr, size_seg, stream, bp, seg)
+            self.segments.append(seg)
+            self._record("segment_alloc", b, size_seg)
         else:
             bp.erase(b)
         remaining = b.size - rsize
         if remaining >= MIN_BLOCK if bp.is_small else remaining > SMALL_SIZE:   # should_split()
-            head = Block(b.addr, rsize, stream, bp, b.segment)
+            head = Block(b.addr, rsize, stream, bp, b.segment)   # the front part is handed out
             head.prev, head.next = b.prev, b
             if b.prev is not None:
                 b.prev.next = head
-            elif b.segment is b:
-                b.segment = head
+            else:
+                b.segment.head = head
             b.prev = head
             b.addr += rsize
             b.size -= rsize
-            if head.segment is b:           # b was the segment's first block
-                self._reseat(b, head)
             bp.insert(b)
             b = head
         b.allocated = True
         b.requested = size
+        self.active[b.addr] = b
         self._record("alloc", b, size)
         return b.addr, b
-
-    def _reseat(self, old, new):
-        """The segment's first block changed from `old` to `new`."""
-        i = next(i for i, s in enumerate(self.segments) if s is old)
-        self.segments[i] = new
-        blk = new
-        while blk is not None:
-            blk.segment = new
-            blk = blk.next
 
     def free(self, block):
         """free(): back to the pool at once, unless record_stream'ed streams used it (then deferred
@@ -233,6 +233,7 @@ class CachingAllocator:
         if not block.allocated:
             raise RuntimeError(f"double free of {block!r}")
         block.allocated = False
+        del self.active[block.addr]
         self._record("free_requested", block, block.requested)
         if block.stream_uses and self.capturing:
             self.deferred.append(block)
@@ -257,13 +258,13 @@ class CachingAllocator:
                 b.prev = nb.prev
                 if b.prev is not None:
                     b.prev.next = b
+                else:
+                    b.segment.head = b
             else:
                 b.next = nb.next
                 if b.next is not None:
                     b.next.prev = b
             b.size += nb.size
-            if b.segment is nb:
-                self._reseat(nb, b)
         bp.insert(b)
 
     # -- introspection ------------------------------------------------------------------------
@@ -276,7 +277,7 @@ class CachingAllocator:
         """Every block of every segment, by segment then address."""
         out = []
         for seg in self.segments:
-            b = seg
+            b = seg.head
             while b is not None:
                 out.append(b)
                 b = b.next
@@ -286,14 +287,13 @@ class CachingAllocator:
         """A torch.cuda.memory._snapshot()-shaped dict: segments with their blocks, and the trace."""
         segs = []
         for seg in self.segments:
-            blocks, total, b = [], 0, seg
+            blocks, b = [], seg.head
             while b is not None:
                 state = "active_allocated" if b.allocated else (
                     "active_pending_free" if b.stream_uses else "inactive")
                 blocks.append(dict(address=b.addr, size=b.size, requested_size=b.requested, state=state))
-                total += b.size
                 b = b.next
-            segs.append(dict(address=seg.addr, total_size=total, stream=_name(seg.stream),
+            segs.append(dict(address=seg.addr, total_size=seg.size, stream=_name(seg.stream),
                              segment_type="small" if seg.pool.is_small else "large",
                              segment_pool_id=seg.pool.pool_id, blocks=blocks))
         trace = [dict(e, stream=_name(e["stream"]), frames=e["stack"] or []) for e in self.log]
@@ -353,8 +353,8 @@ class Arena:
         """A view of the same bytes as arena tensor t that does not keep t's block alive."""
         st = t.untyped_storage()
         c = self.find(st.data_ptr())
-        off = st.data_ptr() - c[0]
-        return c[4][off:off + st.nbytes()].view(t.dtype).as_strided(t.shape, t.stride(), t.storage_offset())
+        off = st.data_ptr() - c[0]          # 512-aligned, so a whole number of elements
+        return c[4].view(t.dtype).as_strided(t.shape, t.stride(), off // t.element_size() + t.storage_offset())
 
     def owns(self, t):
         p = t.untyped_storage().data_ptr()
@@ -533,6 +533,7 @@ def _extent(t):
 
 _HERE = os.path.abspath(__file__)
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
+_SKIP_FILES = ("contextlib.py", "weakref.py")
 
 
 def python_stack(limit=10):
@@ -541,7 +542,7 @@ def python_stack(limit=10):
     out = []
     while f is not None and len(out) < limit:
         fn = f.f_code.co_filename
-        if fn != _HERE and not fn.startswith(_TORCH_DIR) and "contextlib" not in fn:
+        if fn != _HERE and not fn.startswith(_TORCH_DIR) and not fn.endswith(_SKIP_FILES):
             out.append(dict(filename=fn, line=f.f_lineno, name=f.f_code.co_name))
         f = f.f_back
     out.reverse()
@@ -549,10 +550,14 @@ def python_stack(limit=10):
 
 
 class Node:
-    """One recorded kernel. accesses: (addr, nbytes, "r" | "w", what) byte ranges it touches."""
+    """One recorded kernel: op name, stream, deps (indices of nodes it waits for: the previous node
+    on its stream plus event/wait_stream edges), nbytes (bytes moved, for the timing model),
+    accesses [(addr, nbytes, "r" | "w", what)] (byte extents it reads and writes), stack (Python
+    frames at capture), alloc_seq (allocator log entries before it). run() executes it at once;
+    read() computes from its inputs into temporaries and write(state) stores the results."""
 
     __slots__ = ("index", "op", "stream", "deps", "nbytes", "accesses", "stack", "alloc_seq",
-                 "fused", "start", "end")
+                 "run", "read", "write")
 
     def __repr__(self):
         return f"Node({self.index} {self.op} on {_name(self.stream)} after {list(self.deps)})"
@@ -620,7 +625,7 @@ class _Capture:
         n.nbytes, n.accesses = nbytes, accesses
         n.stack = python_stack() if dev.record_stacks else None
         n.alloc_seq = len(dev.allocator.log)
-        n.fused, n.start, n.end = _make_closures(func, leaves, spec, mut_idx, out_shadows, info.n_returns)
+        n.run, n.read, n.write = _make_closures(func, leaves, spec, mut_idx, out_shadows, info.n_returns)
         self.frontier[stream] = (n.index,)
         self.nodes.append(n)
         if info.n_returns == 0:
@@ -634,8 +639,8 @@ def tree_map_tensors(fn, args, kwargs):
 
 
 def _make_closures(func, leaves, spec, mut_idx, out_shadows, n_returns):
-    """fused(): read and write at once; start() -> state: read inputs, compute into temporaries;
-    end(state): write the node's outputs (and mutated arguments) into their bytes."""
+    """run(): read and write at once; read() -> state: read the inputs, compute into temporaries
+    (mutated arguments are cloned first); write(state): store outputs and mutated arguments."""
     args, kwargs = tree_unflatten(leaves, spec)
     single = n_returns == 1
 
@@ -649,16 +654,16 @@ def _make_closures(func, leaves, spec, mut_idx, out_shadows, n_returns):
     if not out_shadows:
         write_outs = None
 
-    def fused():
+    def run():
         res = func(*args, **kwargs)
         if write_outs is not None:
             write_outs(res)
 
     if not mut_idx:
-        def start():
+        def read():
             return func(*args, **kwargs), None
     else:
-        def start():
+        def read():
             tmp = list(leaves)
             clones = []
             for j in mut_idx:
@@ -668,7 +673,7 @@ def _make_closures(func, leaves, spec, mut_idx, out_shadows, n_returns):
             a, k = tree_unflatten(tmp, spec)
             return func(*a, **k), clones
 
-    def end(state):
+    def write(state):
         res, clones = state
         if clones:
             for j, c in zip(mut_idx, clones):
@@ -676,7 +681,7 @@ def _make_closures(func, leaves, spec, mut_idx, out_shadows, n_returns):
         if write_outs is not None:
             write_outs(res)
 
-    return fused, start, end
+    return run, read, write
 
 
 class _CaptureMode(TorchDispatchMode):
@@ -754,7 +759,7 @@ class SimGraph:
         n = len(self.nodes)
         self._deps = [nd.deps for nd in self.nodes]
         self._serial = all((i - 1) in self._deps[i] for i in range(1, n))
-        self._fused = [nd.fused for nd in self.nodes]
+        self._run = [nd.run for nd in self.nodes]
         self._nbytes = np.array([nd.nbytes for nd in self.nodes], dtype=np.float64)
         self._ready = True
 
@@ -786,7 +791,7 @@ class SimGraph:
         if n == 0:
             return
         if self._serial:                   # one stream: the timing model cannot reorder anything
-            for f in self._fused:
+            for f in self._run:
                 f()
             return
         tm = self.dev.timing
@@ -811,12 +816,12 @@ class SimGraph:
             if kind == 1:
                 nxt = events[j + 1] if j + 1 < m else None
                 if nxt is not None and nxt[2] == i:      # nothing happens in between: run at once
-                    nodes[i].fused()
+                    nodes[i].run()
                     j += 2
                     continue
-                pending[i] = nodes[i].start()
+                pending[i] = nodes[i].read()
             else:
-                nodes[i].end(pending.pop(i))
+                nodes[i].write(pending.pop(i))
             j += 1
         self.last_schedule = (starts, ends)
 
@@ -830,6 +835,8 @@ class _GraphCtx:
         self.stream = stream if stream is not None else dev._capture_stream()
 
     def __enter__(self):
+        if self.dev.gc_before_capture:          # torch.cuda.graph collects garbage here (~80 ms)
+            gc.collect()
         self.prev = self.dev._cur
         self.dev._cur = self.stream
         try:
@@ -861,11 +868,17 @@ class SimDevice:
 
     name = "sim"
 
-    def __init__(self, seed=0, timing=None, arena_chunk_bytes=256 * MB):
+    def __init__(self, seed=0, timing=None, arena_chunk_bytes=256 * MB, threads=1):
+        """threads: torch's CPU intra-op threads (None: leave as is). One thread is fastest for the
+        small tensors the sim runs and immune to oversubscription (OpenMP spin-waits on a busy
+        2-core machine made replays 10-50x slower)."""
+        if threads is not None:
+            torch.set_num_threads(threads)
         self.torch_device = torch.device("cpu")
         self.timing = timing or Timing()
         self.arena = Arena(arena_chunk_bytes)
-        self.record_stacks = True
+        self.record_stacks = True        # Python stacks on allocator events and nodes
+        self.gc_before_capture = False   # torch.cuda.graph runs gc.collect() before capturing
         self.allocator = CachingAllocator(self.arena.segment,
                                           context=lambda: python_stack() if self.record_stacks else None)
         self._stream_ids = itertools.count()
@@ -917,9 +930,7 @@ class SimDevice:
         if n == 0:
             return torch.empty_strided(meta.shape, meta.stride(), dtype=meta.dtype)
         addr, block = self.allocator.malloc(n, stream)
-        size = block.size if block.size < n else n
-        nbytes = -(-size // meta.element_size()) * meta.element_size()
-        t = self.arena.tensor(addr, nbytes, meta.dtype, meta.shape, meta.stride(),
+        t = self.arena.tensor(addr, n, meta.dtype, meta.shape, meta.stride(),
                               _Freer(self.allocator, block))
         if meta.storage_offset():
             t = t.as_strided(meta.shape, meta.stride(), meta.storage_offset())
@@ -933,11 +944,8 @@ class SimDevice:
                 self.allocator.record_stream(b, stream)
 
     def block_of(self, t):
-        p = t.untyped_storage().data_ptr()
-        for b in self.allocator.blocks():
-            if b.addr == p and b.allocated:
-                return b
-        return None
+        """The allocated block behind arena tensor t, or None."""
+        return self.allocator.active.get(t.untyped_storage().data_ptr())
 
     # misc
     def manual_seed(self, seed):
