@@ -581,6 +581,16 @@ def _write_atomic(path, text):
     os.replace(tmp, path)
 
 
+def _commit():
+    """The code's git commit, so a benchmark table says what produced it."""
+    import subprocess
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
+                              cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return os.environ.get("NBLIB_COMMIT", "unknown")
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--check", action="store_true", help="compare kernels with a float64 reference")
@@ -603,6 +613,7 @@ def main(argv=None):
         rows = benchmark()
         cols = ["name", "us", "bytes", "gbps", "frac_copy_bw", "speedup_vs_torch"]
         meta = dict(torch=torch.__version__, triton=triton.__version__, device=torch.cuda.get_device_name(),
+                    commit=_commit(),
                     bf16_config=BF16_CONFIG, fp8_config=FP8_CONFIG,
                     shape=dict(bs=32, ctx=65536, heads=64, dim=128))
         md = f"{json.dumps(meta)}\n\n{_markdown(rows, cols)}\n"
