@@ -224,7 +224,9 @@ def _indexer_logits_kernel(
 # overlap inside a CTA); 7 gives 4 buffers with two tiles in flight behind the dot.
 # bf16: 16 KiB tiles, 83 KB smem -> 2 CTAs/SM. fp8: 128 entries (two pages) = 16 KiB.
 BF16_CONFIG = dict(block_t=64, tiles_per_prog=16, num_warps=4, num_stages=7)
-FP8_CONFIG = dict(block_t=128, tiles_per_prog=8, num_warps=4, num_stages=7)
+# fp8, measured on the H200 (outputs/probe, --sweep): 4 tiles per program with 3 stages ran in
+# 90.8 us against 100 us for 8 tiles with 7 stages; more programs in flight beat deeper pipelines.
+FP8_CONFIG = dict(block_t=128, tiles_per_prog=4, num_warps=4, num_stages=3)
 # Below this many programs, split requests finer (small batch / short context);
 # a config may override it with "min_programs".
 MIN_PROGRAMS = 1024

@@ -44,14 +44,18 @@ class CudaDevice:
         return torch.cuda.memory._snapshot()
 
 
+def has_cuda():
+    return torch.cuda.is_available()
+
+
 def get(name="auto"):
     """The device facade for `name`: "cuda", "sim", or "auto" (cuda when present, else sim)."""
     if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "sim"
+        name = "cuda" if has_cuda() else "sim"
     if name not in BACKENDS:
         raise ValueError(f"unknown backend {name!r}: choose one of {', '.join(BACKENDS)} (or auto)")
     if name == "cuda":
-        if not torch.cuda.is_available():
+        if not has_cuda():
             raise RuntimeError("backend 'cuda' needs a CUDA GPU and this machine has none: "
                                "use backend 'sim' (the CPU simulator) instead")
         return CudaDevice()

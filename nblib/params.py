@@ -26,5 +26,4 @@ def resolve_backend(name):
 
 def default_profile():
     """The README's main command: the GPU profile where there is CUDA, the simulator elsewhere."""
-    import torch
-    return ROOT / "params" / ("gpu.yaml" if torch.cuda.is_available() else "sim.yaml")
+    return ROOT / "params" / ("gpu.yaml" if device.has_cuda() else "sim.yaml")
