@@ -155,18 +155,26 @@ class DecodeModel:
         self.note("indexer.logits", t, use)
         return t
 
+    gediff = None   # the graph-vs-eager differential's hook (nblib.gediff), called while capturing
+
     def indexer(self, q, head_w, page_table, seq_lens, logits):
+        logits = self.index_logits(q, head_w, page_table, seq_lens, logits)
+        if self.gediff is not None and self.dev.is_current_stream_capturing():
+            self.gediff(q, head_w, page_table, seq_lens, logits)   # its clones are captured too
+        return kx.topk_indices(logits, self.cfg.topk)
+
+    def index_logits(self, q, head_w, page_table, seq_lens, logits=None):
+        """The indexer's logits kernel; `logits` None: allocated here, on the current stream."""
         cfg = self.cfg
+        if logits is None:
+            logits = torch.empty(q.shape[0], cfg.max_ctx, dtype=torch.float32, device=self.dev.torch_device)
+            self.note("indexer.logits", logits)
         if cfg.index_dtype == "bf16":
             kx.indexer_logits_bf16(q, head_w, self.index_cache, page_table, seq_lens, logits)
         else:
-            if logits is None:   # allocated here, on the stream the indexer runs on
-                logits = torch.empty(q.shape[0], cfg.max_ctx, dtype=torch.float32,
-                                     device=self.dev.torch_device)
-                self.note("indexer.logits", logits)
             kx.indexer_logits_fp8(q.to(torch.float8_e4m3fn), head_w, self.index_cache,
                                   page_table, seq_lens, logits)
-        return kx.topk_indices(logits, cfg.topk)
+        return logits
 
     def mlp(self, x):
         h = x @ self.w_up

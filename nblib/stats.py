@@ -23,3 +23,71 @@ def rate(k, n):
 def fmt_rate(k, n):
     lo, hi = wilson(k, n)
     return f"{k}/{n} [{100 * lo:.1f}%, {100 * hi:.1f}%]"
+
+
+def fisher(k1, n1, k2, n2):
+    """Fisher's exact test (two-sided) of k1/n1 against k2/n2: dict(p, odds_ratio).
+    The question it answers: could both arms share one corruption rate?"""
+    from scipy.stats import fisher_exact
+    if not (0 <= k1 <= n1 and 0 <= k2 <= n2):
+        raise ValueError(f"need 0 <= k <= n in both arms, got {k1}/{n1} and {k2}/{n2}")
+    odds, p = fisher_exact([[k1, n1 - k1], [k2, n2 - k2]], alternative="two-sided")
+    return dict(p=float(p), odds_ratio=float(odds))
+
+
+def _z(q):
+    from scipy.stats import norm
+    return float(norm.ppf(q))
+
+
+def sessions_needed(p0, p1=0.0, alpha=0.05, power=0.8, method="fisher"):
+    """Sessions per arm to tell a baseline corruption rate p0 from a fixed rate p1 (default 0),
+    two-sided, at `alpha` with `power`.
+
+    method "normal": the textbook normal approximation for two proportions (pooled variance under
+    the null); "fisher": the smallest n from there on whose exact power, by enumerating both arms'
+    binomial outcomes through Fisher's exact test, reaches `power` (Fisher is conservative, so it
+    asks for more). Example: p0 = 0.15 (the campaign), p1 = 0 -> normal 48, Fisher 52 per arm."""
+    if not (0 <= p1 < p0 <= 1):
+        raise ValueError(f"need 0 <= p1 < p0 <= 1, got p0={p0}, p1={p1}")
+    za, zb = _z(1 - alpha / 2), _z(power)
+    pbar = (p0 + p1) / 2
+    n = (za * math.sqrt(2 * pbar * (1 - pbar)) + zb * math.sqrt(p0 * (1 - p0) + p1 * (1 - p1))) ** 2 \
+        / (p0 - p1) ** 2
+    n = math.ceil(n)
+    if method == "normal":
+        return n
+    if method != "fisher":
+        raise ValueError(f"unknown method {method!r}: choose one of normal, fisher")
+    n = max(2, int(0.8 * n))
+    while fisher_power(n, p0, p1, alpha) < power:
+        n += 1
+    return n
+
+
+def fisher_power(n, p0, p1, alpha=0.05):
+    """Exact power of the two-sided Fisher test with n sessions per arm: for each total K of
+    corrupted sessions, the hypergeometric null gives every split's p-value (scipy's rule: the sum
+    of the splits no likelier than it), and the rejected splits are weighted by their binomial
+    probability under (p0, p1)."""
+    import numpy as np
+    from scipy.stats import binom, hypergeom
+    f0, f1 = binom.pmf(np.arange(n + 1), n, p0), binom.pmf(np.arange(n + 1), n, p1)
+    total = 0.0
+    for K in range(2 * n + 1):
+        x = np.arange(max(0, K - n), min(n, K) + 1)       # arm 0's share of the K
+        null = hypergeom.pmf(x, 2 * n, K, n)
+        order = np.sort(null)
+        pvals = np.cumsum(order)[np.searchsorted(order, null * (1 + 1e-7), side="right") - 1]
+        rej = x[pvals < alpha]
+        total += float((f0[rej] * f1[K - rej]).sum())
+    return total
+
+
+def zero_failure_sessions(target, confidence=0.95):
+    """Clean sessions needed, with zero failures, for the one-sided upper bound on the rate to fall
+    below `target` (exact binomial: (1 - target)^n <= 1 - confidence); about 3 / target at 95 %
+    (the rule of three). E.g. target 1 % -> 299 sessions."""
+    if not 0 < target < 1:
+        raise ValueError(f"target must be a rate in (0, 1), got {target}")
+    return math.ceil(math.log(1 - confidence) / math.log(1 - target))

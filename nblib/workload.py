@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from nblib.model import PAGE
-from nblib.runner import SCRATCH_SLOT
+from nblib.runner import SCRATCH_SLOT, bucket_for
 
 
 @dataclass(frozen=True)
@@ -81,8 +81,20 @@ def _take_pages(pool, tables, s, n):
         s.pages += new
 
 
-def run_sessions(runner, w: WorkloadConfig):
-    """Run the workload through `runner`; returns per-step and per-session verdicts."""
+def _live_pages(*groups):
+    """Pages held by unfinished sessions: every one holds entries (or this step's new entry)."""
+    return {p for g in groups for s in g for p in s.pages}
+
+
+def run_sessions(runner, w: WorkloadConfig, instruments=()):
+    """Run the workload through `runner`; returns per-step and per-session verdicts.
+
+    instruments: objects with before(step) and after(step), called right before and right after
+    each runner.run (the replay), where step is a dict: index, bs, bucket, the step's inputs
+    (tokens, page_table, seq_lens, store_slots) and live_pages (the cache pages every unfinished
+    session holds, scratch page 0 excluded). With instruments, each step replays before its eager
+    reference (so an instrument sees the replay's own cache writes, as in an engine that has no
+    reference); the order does not change what either computes."""
     model, dev = runner.model, runner.dev
     if w.concurrency > max(runner.buckets):
         raise ValueError(f"concurrency {w.concurrency} exceeds the largest bucket {max(runner.buckets)}")
@@ -122,8 +134,19 @@ def run_sessions(runner, w: WorkloadConfig):
         sids = torch.tensor([s.sid for s in batch])
         args = (torch.tensor(tokens, device=d), tables[sids].to(d),
                 torch.tensor(lens, dtype=torch.int32, device=d), torch.tensor(stores, device=d))
-        ref_out, ref_topk = runner.reference(*args)
-        out, topk, bucket = runner.run(*args)
+        if instruments:
+            step = dict(index=len(steps), bs=len(batch), bucket=bucket_for(len(batch), runner.buckets),
+                        tokens=args[0], page_table=args[1], seq_lens=args[2], store_slots=args[3],
+                        live_pages=_live_pages(waiting, active, thinking))
+            for ins in instruments:
+                ins.before(step)
+            out, topk, bucket = runner.run(*args)
+            for ins in instruments:
+                ins.after(step)
+            ref_out, ref_topk = runner.reference(*args)
+        else:
+            ref_out, ref_topk = runner.reference(*args)
+            out, topk, bucket = runner.run(*args)
         bad = (topk != ref_topk).any(1)
         scale = ref_out.float().abs().amax(1).clamp(min=1.0)
         bad |= ((out.float() - ref_out.float()).abs().amax(1) > w.out_tol * scale)

@@ -120,3 +120,26 @@ def test_results_status_is_ok_only_after_finish(tmp_path, eager_dev):
     data = json.loads((tmp_path / "nb.results.json").read_text())
     assert data["status"] == "ok" and data["x"] == [1, 2] and data["params"] == {"a": 1}
     assert list(tmp_path.iterdir()) == [tmp_path / "nb.results.json"]   # no temp files left
+
+
+def test_fisher_known_values():
+    assert stats.fisher(8, 10, 1, 6)["p"] == pytest.approx(0.034965, abs=1e-5)
+    assert stats.fisher(3, 4, 1, 4)["p"] == pytest.approx(0.485714, abs=1e-5)   # the lady tasting tea
+    assert stats.fisher(1, 10, 11, 14)["p"] == pytest.approx(0.0027595, abs=1e-6)
+    assert stats.fisher(0, 40, 0, 40)["p"] == 1.0
+    with pytest.raises(ValueError):
+        stats.fisher(5, 4, 0, 4)
+
+
+def test_sessions_needed_sanity():
+    assert stats.sessions_needed(0.15, method="normal") == 48      # the textbook formula, by hand: 47.2
+    n = stats.sessions_needed(0.15)
+    assert n >= 48 and stats.fisher_power(n, 0.15, 0) >= 0.8 > stats.fisher_power(n - 5, 0.15, 0)
+    assert stats.sessions_needed(0.5) < stats.sessions_needed(0.15) < stats.sessions_needed(0.05)
+    # exact power equals brute-force enumeration through scipy's Fisher test
+    from scipy.stats import binom
+    brute = sum(binom.pmf(a, 10, 0.3) * binom.pmf(b, 10, 0.05) for a in range(11) for b in range(11)
+                if stats.fisher(a, 10, b, 10)["p"] < 0.05)
+    assert stats.fisher_power(10, 0.3, 0.05) == pytest.approx(brute, rel=1e-9)
+    assert stats.zero_failure_sessions(0.01) == 299 and stats.zero_failure_sessions(0.1) == 29   # ~3/target
+    assert stats.wilson(0, stats.zero_failure_sessions(0.01))[1] < 0.0131

@@ -1,0 +1,199 @@
+"""The canary: did a replay write into index-K cache pages it had no business touching?
+
+The campaign's first suspect was the index-K cache itself: a replayed graph storing entries into
+the wrong pages would corrupt later steps' top-k. The canary takes a checksum of every cache page
+right before a replay and right after it, and classes each page that changed:
+
+  expected        a page the step stores new entries into (store_slots // 64, for rows that
+                  store; page 0, the scratch page, is never expected)
+  scratch         page 0: rows with nothing to store (and padding rows) write its last slot
+  live overwrite  a page inside some request's live range that was not expected to change: the
+                  alarm (later steps read those entries)
+  free write      a page in no request's live range, not expected: stray, harmless until reused
+
+    canary = Canary(model)                     # watches model.index_cache, refuses anything else
+    run_sessions(runner, w, instruments=[canary])
+    canary.summary()                           # pages changed / expected / outside / live overwrites
+
+It reads the cache and never writes it; on CUDA each checksum is one pass over the cache on the
+current stream (after the replay, in stream order) and a small copy to the host.
+"""
+import torch
+
+from nblib.model import PAGE
+
+SCRATCH_PAGE = 0
+CLASSES = ("expected", "scratch", "live_overwrite", "free_write")
+_CHUNK_PAGES = 256      # bounds the int64 temporary on a 42000-page cache to ~32 MB
+
+
+def _words(cache):
+    """The cache as [pages, words] of int32: bf16 [P, 64, D] and fp8 [P, bytes] alike."""
+    flat = cache.reshape(cache.shape[0], -1)
+    if (flat.shape[1] * flat.element_size()) % 4:
+        raise ValueError(f"a cache page of {flat.shape[1] * flat.element_size()} bytes is not whole 32-bit words")
+    return flat.view(torch.uint8).view(torch.int32) if flat.element_size() != 4 else flat.view(torch.int32)
+
+
+def page_checksums(cache):
+    """One int64 per page: sum of its 32-bit words, each times an odd, position-dependent weight
+    (so a moved or swapped entry changes it too). Wraps on overflow, identically on CPU and CUDA."""
+    words = _words(cache)
+    n = words.shape[1]
+    weight = torch.arange(n, device=cache.device, dtype=torch.int64) * 2654435761 + 0x9E3779B9
+    weight |= 1
+    out = torch.empty(words.shape[0], dtype=torch.int64, device=cache.device)
+    for lo in range(0, words.shape[0], _CHUNK_PAGES):
+        hi = min(lo + _CHUNK_PAGES, words.shape[0])
+        out[lo:hi] = (words[lo:hi].to(torch.int64) * weight).sum(1)
+    return out
+
+
+def expected_pages(store_slots):
+    """Pages that receive a new entry this step: store_slots // 64, scratch page excluded."""
+    pages = (store_slots.to("cpu", torch.int64) // PAGE).tolist()
+    return {p for p in pages if p != SCRATCH_PAGE}
+
+
+def batch_live_pages(page_table, seq_lens):
+    """Live pages of the batch's requests alone: page_table[r, :ceil(seq_len / 64)], scratch excluded.
+    (run_sessions passes the wider set: every unfinished session's pages.)"""
+    table, lens = page_table.to("cpu"), seq_lens.to("cpu").tolist()
+    live = set()
+    for r, n in enumerate(lens):
+        live.update(table[r, :-(-int(n) // PAGE)].tolist())
+    live.discard(SCRATCH_PAGE)
+    return live
+
+
+def classify(changed, expected, live):
+    """{page: class} for each changed page (see the module docstring)."""
+    out = {}
+    for p in changed:
+        if p in expected:
+            out[p] = "expected"
+        elif p == SCRATCH_PAGE:
+            out[p] = "scratch"
+        elif p in live:
+            out[p] = "live_overwrite"
+        else:
+            out[p] = "free_write"
+    return out
+
+
+class Canary:
+    """Per-page checksums of the model's index-K cache around each replay (an instrument for
+    run_sessions: before(step), after(step)); `records` holds one dict per step."""
+
+    def __init__(self, model, tensor=None):
+        cache = model.index_cache
+        if tensor is not None and not (tensor is cache or (
+                tensor.data_ptr() == cache.data_ptr() and tensor.shape == cache.shape
+                and tensor.dtype == cache.dtype)):
+            raise ValueError(
+                f"the canary watches the model's index-K cache only (model.index_cache: "
+                f"{tuple(cache.shape)} {cache.dtype}); got a {tuple(tensor.shape)} {tensor.dtype} tensor "
+                f"that is not it")
+        self.model, self.cache = model, cache
+        self.records = []
+        self._before = None
+
+    def checksums(self):
+        return page_checksums(self.cache).cpu()
+
+    def before(self, step=None):
+        self._before = self.checksums()
+
+    def after(self, step):
+        """Checksums again; classify the pages that changed since before()."""
+        if self._before is None:
+            raise RuntimeError("canary.after() without canary.before(): no checksums to compare with")
+        now = self.checksums()
+        changed = torch.nonzero(now != self._before).flatten().tolist()
+        self._before = None
+        expected = expected_pages(step["store_slots"])
+        live = step.get("live_pages")
+        if live is None:
+            live = batch_live_pages(step["page_table"], step["seq_lens"])
+        cls = classify(changed, expected, live)
+        by = {c: sorted(p for p, k in cls.items() if k == c) for c in CLASSES}
+        rec = dict(step=step.get("index", len(self.records)), bucket=step.get("bucket"), bs=step.get("bs"),
+                   changed=len(changed), expected=len(expected),
+                   expected_unchanged=len(expected - set(changed)),
+                   outside_live=len(by["scratch"]) + len(by["free_write"]),
+                   live_overwrites=by["live_overwrite"], free_writes=by["free_write"],
+                   scratch=bool(by["scratch"]))
+        self.records.append(rec)
+        return rec
+
+    def summary(self):
+        """The campaign's terms, over every step watched."""
+        r = self.records
+        return dict(steps=len(r),
+                    pages_changed=sum(x["changed"] for x in r),
+                    pages_expected=sum(x["expected"] for x in r),
+                    expected_unchanged=sum(x["expected_unchanged"] for x in r),
+                    pages_outside_live=sum(x["outside_live"] for x in r),
+                    scratch_writes=sum(x["scratch"] for x in r),
+                    free_page_writes=sum(len(x["free_writes"]) for x in r),
+                    live_overwrites=sum(len(x["live_overwrites"]) for x in r),
+                    steps_with_live_overwrite=sum(1 for x in r if x["live_overwrites"]))
+
+
+def describe(s):
+    """One sentence in the campaign's words."""
+    return (f"{s['pages_changed']} pages changed over {s['steps']} replays when {s['pages_expected']} were "
+            f"expected; {s['pages_outside_live']} outside any live range ({s['scratch_writes']} scratch-page "
+            f"writes, {s['free_page_writes']} free-page writes); {s['live_overwrites']} live-page overwrites")
+
+
+def watch(dev, model, buckets, workload, overlaps=("on", "off"), index_dtype="bf16",
+          logits_policy="transient", progress=print):
+    """The canary over the agentic workload, graph mode, per overlap setting and per bucket (at most
+    `bucket` sessions decoding together, as in notebook 00). `model`, `workload`: dicts of config
+    values. Returns one row per (overlap, bucket): the sessions' verdicts and the canary's summary.
+    The canary adds no node to the graph, so the replays are the uninstrumented ones."""
+    from nblib.model import DecodeModel, ModelConfig
+    from nblib.runner import Runner
+    from nblib.workload import WorkloadConfig, run_sessions
+    rows = []
+    for overlap in overlaps:
+        m = DecodeModel(ModelConfig(**model, index_dtype=index_dtype, overlap=overlap,
+                                    logits_policy=logits_policy), dev)
+        runner = Runner(m, buckets, "graph").capture()
+        for b in sorted(buckets):
+            m.index_cache.zero_(); m.kv_cache.zero_()   # a fresh engine: the last run's entries would
+            c = Canary(m)                               # make this run's identical stores no-ops
+            r = run_sessions(runner, WorkloadConfig(**{**workload, "concurrency": b}), [c])
+            rows.append(dict(index_dtype=index_dtype, overlap=overlap, bucket=b, sessions=r["sessions"],
+                             corrupted_sessions=r["corrupted_sessions"], steps=r["steps"],
+                             corrupted_steps=r["corrupted_steps"],
+                             **{k: v for k, v in c.summary().items() if k != "steps"}))
+            if progress:
+                progress(f"overlap {overlap:3s} bucket {b}: corrupted {r['corrupted_sessions']}/{r['sessions']}; "
+                         + describe(c.summary()))
+        del runner, m
+    return rows
+
+
+def verdict(rows):
+    """One sentence from the rows: does the canary find live-page overwrites while sessions are
+    corrupted, and does it stay quiet where they are not?"""
+    bad = [r for r in rows if r["corrupted_sessions"]]
+    clean = [r for r in rows if not r["corrupted_sessions"]]
+    tot = lambda rs, k: sum(r[k] for r in rs)
+    where = ", ".join(f"overlap {r['overlap']} bucket {r['bucket']} ({r['corrupted_sessions']}/{r['sessions']})"
+                      for r in bad) or "nowhere"
+    if not bad:
+        head = "no session was corrupted, so the canary had nothing to explain"
+    elif tot(bad, "live_overwrites") == 0:
+        head = (f"while sessions were corrupted ({where}) the canary found zero live-page overwrites: "
+                f"{tot(bad, 'pages_changed')} pages changed when {tot(bad, 'pages_expected')} were expected, "
+                f"{tot(bad, 'pages_outside_live')} outside any live range (scratch {tot(bad, 'scratch_writes')}, "
+                f"free pages {tot(bad, 'free_page_writes')}): the index-K buffer was pristine, look elsewhere")
+    else:
+        head = (f"while sessions were corrupted ({where}) the canary found {tot(bad, 'live_overwrites')} "
+                f"live-page overwrites in {tot(bad, 'steps_with_live_overwrite')} replays: the index-K buffer "
+                f"itself is being written")
+    quiet = tot(clean, "live_overwrites") + tot(clean, "free_page_writes")
+    return f"{head}. Clean runs: {quiet} live or free-page alarms over {tot(clean, 'steps')} replays."

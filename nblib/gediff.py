@@ -1,0 +1,191 @@
+"""The graph-vs-eager differential: does the captured indexer compute what eager would, on the same
+inputs, replay after replay?
+
+While a bucket is captured, the model's indexer hands its inputs (q, head weights, page table,
+sequence lengths) and its logits, right before top-k, to this instrument, which clones them into a
+stash kept per bucket. The clones are ops like any other, so they are captured: at each replay they
+copy that replay's values into the stash. After the replay the same kernel is recomputed eagerly
+from the stashed inputs and compared with the stashed logits:
+
+  max_abs      largest |graph - eager| over the live rows (-inf equal to -inf; NaN counts as inf)
+  argmax       rows whose argmax differs
+  topk         rows whose top-k set differs
+
+    gd = GEDiff(model)            # sets model.gediff; capture after this
+    runner = Runner(model, buckets).capture()
+    run_sessions(runner, w, instruments=[gd])
+    gd.table()
+
+Caution, as the campaign learned: the stash is memory the capture allocates and keeps, in the same
+graph pool as everything else, so turning the differential on changes the pool's layout. Measure
+the corruption rate with it on and off (notebook 02) before trusting a clean differential.
+"""
+import torch
+
+from kernels import indexer as kx
+
+INPUTS = ("q", "head_w", "page_table", "seq_lens")
+
+
+class GEDiff:
+    """An instrument for run_sessions (before, after) and the model's capture hook (__call__)."""
+
+    def __init__(self, model, log=None):
+        if model.gediff is not None:
+            raise ValueError("this model already has a differential attached")
+        self.model = model
+        self.stash = {}            # bucket -> {q, head_w, page_table, seq_lens, logits}
+        self.records = []
+        self.lines = []            # one log line per comparison
+        self.log = log
+        model.gediff = self
+
+    def detach(self):
+        if self.model.gediff is self:
+            self.model.gediff = None
+
+    # -- inside capture: the model's hook --------------------------------------------------------
+    def __call__(self, q, head_w, page_table, seq_lens, logits):
+        b = self.model.bucket
+        if b is None:
+            raise RuntimeError("the differential's hook ran while capturing without a bucket: "
+                               "capture through nblib.runner.Runner (it sets model.bucket)")
+        s = dict(q=q.clone(), head_w=head_w.clone(), page_table=page_table.clone(),
+                 seq_lens=seq_lens.clone(), logits=logits.clone())
+        for name, t in s.items():
+            self.model.note(f"gediff.{name}", t)
+        self.stash[b] = s
+
+    def lookup(self, bucket):
+        if bucket not in self.stash:
+            raise KeyError(f"no differential stash for bucket {bucket!r}: captured buckets are "
+                           f"{sorted(self.stash) or 'none (capture after attaching GEDiff)'}")
+        return self.stash[bucket]
+
+    # -- after a replay --------------------------------------------------------------------------
+    def recompute(self, bucket):
+        """The same logits kernel, eagerly, on the stashed inputs (outside any graph pool)."""
+        s = self.lookup(bucket)
+        return self.model.index_logits(*(s[k] for k in INPUTS))
+
+    def compare(self, bucket, rows=None, step=None):
+        """Graph logits (stashed) against the eager recompute, over the first `rows` rows."""
+        s = self.lookup(bucket)
+        eager = self.recompute(bucket)
+        graph = s["logits"]
+        n = graph.shape[0] if rows is None else rows
+        m = metrics(graph[:n], eager[:n], self.model.cfg.topk)
+        rec = dict(step=len(self.records) if step is None else step, bucket=bucket, rows=n, **m)
+        self.records.append(rec)
+        line = (f"gediff step {rec['step']} bucket {bucket}: rows {n}, max_abs {m['max_abs']:.3g}, "
+                f"argmax differs {m['argmax_rows']}/{n}, top-k set differs {m['topk_rows']}/{n}")
+        self.lines.append(line)
+        if self.log:
+            self.log(line)
+        return rec
+
+    def before(self, step):
+        pass
+
+    def after(self, step):
+        return self.compare(step["bucket"], step["bs"], step.get("index"))
+
+    def table(self):
+        """One row per bucket: comparisons, how many diverged, worst max_abs, rows that disagree."""
+        out = []
+        for b in sorted({r["bucket"] for r in self.records}):
+            rs = [r for r in self.records if r["bucket"] == b]
+            out.append(dict(bucket=b, comparisons=len(rs), diverged=sum(r["diverged"] for r in rs),
+                            max_abs=max(r["max_abs"] for r in rs),
+                            argmax_rows=sum(r["argmax_rows"] for r in rs),
+                            topk_rows=sum(r["topk_rows"] for r in rs), rows=sum(r["rows"] for r in rs)))
+        return out
+
+    def summary(self):
+        rs = self.records
+        return dict(comparisons=len(rs), diverged=sum(r["diverged"] for r in rs),
+                    max_abs=max((r["max_abs"] for r in rs), default=0.0),
+                    argmax_rows=sum(r["argmax_rows"] for r in rs), topk_rows=sum(r["topk_rows"] for r in rs))
+
+
+def metrics(graph, eager, k):
+    """max_abs (NaN as inf, -inf == -inf), argmax and top-k set disagreement, counted in rows."""
+    g, e = graph.float(), eager.float()
+    same = (g == e) | (torch.isnan(g) & torch.isnan(e))
+    inf = torch.tensor(float("inf"))
+    diff = (g - e).abs()
+    diff = torch.where(same, torch.zeros_like(g), torch.where(torch.isnan(diff), inf, diff))
+    row_max = diff.amax(1) if diff.numel() else diff.new_zeros(g.shape[0])
+    argmax = g.argmax(1) != e.argmax(1)      # torch's argmax takes NaN as the largest
+    kg = kx.topk_indices(g.contiguous(), k).sort(1).values
+    ke = kx.topk_indices(e.contiguous(), k).sort(1).values
+    topk = (kg != ke).any(1)
+    max_abs = float(row_max.max()) if row_max.numel() else 0.0
+    return dict(max_abs=max_abs, argmax_rows=int(argmax.sum()), topk_rows=int(topk.sum()),
+                diverged=bool(max_abs > 0 or argmax.any() or topk.any()))
+
+
+def arms(dev, model, buckets, workload, index_dtype="bf16", overlap="on", logits_policy="transient",
+         seed=0, progress=print):
+    """The corruption rate with the differential off and on, per bucket (at most `bucket` sessions
+    decoding together), graph mode. Both arms run the same sessions from the same replay-timing seed;
+    they differ only by the differential (its captured clones and its eager recompute).
+    Returns (rows, gd): rows have arm, bucket, sessions, corrupted_sessions, steps, corrupted_steps,
+    and for the on arm the differential's comparisons and divergences; gd holds its records and lines."""
+    from nblib.model import DecodeModel, ModelConfig
+    from nblib.runner import Runner
+    from nblib.workload import WorkloadConfig, run_sessions
+    cfg = ModelConfig(**model, index_dtype=index_dtype, overlap=overlap, logits_policy=logits_policy)
+    off_model, on_model = DecodeModel(cfg, dev), DecodeModel(cfg, dev)
+    gd = GEDiff(on_model)
+    runners = dict(off=Runner(off_model, buckets).capture(), on=Runner(on_model, buckets).capture())
+    rows, records = [], []
+    for b in sorted(buckets):
+        for arm in ("off", "on"):
+            dev.manual_seed(seed)
+            gd.records = []
+            r = run_sessions(runners[arm], WorkloadConfig(**{**workload, "concurrency": b}),
+                             [gd] if arm == "on" else ())
+            row = dict(arm=arm, bucket=b, sessions=r["sessions"], corrupted_sessions=r["corrupted_sessions"],
+                       steps=r["steps"], corrupted_steps=r["corrupted_steps"])
+            if arm == "on":
+                row.update(comparisons=len(gd.records), diverged=sum(x["diverged"] for x in gd.records))
+                records += [dict(x, concurrency=b) for x in gd.records]
+            rows.append(row)
+            if progress:
+                progress(f"bucket {b} differential {arm:3s}: corrupted {r['corrupted_sessions']}/{r['sessions']}"
+                         + (f", {row['diverged']}/{row['comparisons']} comparisons diverged" if arm == "on" else ""))
+    gd.records = records
+    return rows, gd
+
+
+def compare_arms(rows, min_bucket=2):
+    """Pool each arm over buckets >= min_bucket (the campaign's batch size > 1): Wilson intervals
+    and Fisher's exact p-value for 'the differential does not change the rate'."""
+    from nblib import stats
+    pooled = {}
+    for arm in ("off", "on"):
+        sel = [r for r in rows if r["arm"] == arm and r["bucket"] >= min_bucket]
+        k, n = sum(r["corrupted_sessions"] for r in sel), sum(r["sessions"] for r in sel)
+        pooled[arm] = dict(arm=arm, corrupted_sessions=k, sessions=n, **{
+            x: v for x, v in stats.rate(k, n).items() if x in ("rate", "lo", "hi")})
+    f = stats.fisher(pooled["off"]["corrupted_sessions"], pooled["off"]["sessions"],
+                     pooled["on"]["corrupted_sessions"], pooled["on"]["sessions"])
+    return [pooled["off"], pooled["on"]], f
+
+
+def verdict(pooled, fisher, summary, alpha=0.05):
+    """One sentence: did the differential see divergence, and did turning it on change the rate?"""
+    from nblib import stats
+    off, on = pooled
+    rate = lambda r: stats.fmt_rate(r["corrupted_sessions"], r["sessions"])
+    seen = (f"the differential diverged in {summary['diverged']} of {summary['comparisons']} comparisons "
+            f"(max_abs {summary['max_abs']:.3g}, top-k set differs in {summary['topk_rows']} rows)")
+    if fisher["p"] < alpha:
+        way = "raised" if on["rate"] > off["rate"] else "lowered"
+        change = (f"turning it on {way} the corruption rate: {rate(off)} off vs {rate(on)} on, "
+                  f"Fisher p = {fisher['p']:.2g}; the instrument perturbs what it measures")
+    else:
+        change = (f"no detectable change in the corruption rate: {rate(off)} off vs {rate(on)} on, "
+                  f"Fisher p = {fisher['p']:.2g}")
+    return f"{seen}; {change}."

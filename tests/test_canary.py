@@ -1,0 +1,91 @@
+"""The canary on the simulator: a hand-planted live-page overwrite is classed as one; clean runs are quiet."""
+import pytest
+import torch
+
+from nblib import canary, device
+from nblib.canary import Canary, page_checksums
+from nblib.model import DecodeModel, ModelConfig
+from nblib.overhead import full_batch
+from nblib.runner import Runner
+from nblib.workload import WorkloadConfig, run_sessions
+
+CI = dict(heads=4, dim=32, topk=16, max_ctx=1024, d_model=256, ffn=1024, num_pages=300, vocab=512)
+W = dict(sessions=6, rounds=2, ctx_min=64, ctx_max=600, turn_ctx=64, out_min=4, out_max=9, think_min=1, think_max=3)
+
+
+def _setup(overlap="off", bucket=2):
+    dev = device.get("sim")
+    m = DecodeModel(ModelConfig(**CI, overlap=overlap), dev)
+    runner = Runner(m, [bucket]).capture()
+    args = full_batch(m, bucket)
+    step = dict(index=0, bs=bucket, bucket=bucket, tokens=args[0], page_table=args[1], seq_lens=args[2],
+                store_slots=args[3])
+    return m, runner, args, step
+
+
+def test_planted_writes_are_classed():
+    m, runner, args, step = _setup()
+    c = Canary(m)
+    live = canary.batch_live_pages(step["page_table"], step["seq_lens"])
+    expected = canary.expected_pages(step["store_slots"])
+    victim = min(live - expected)
+    free = max(set(range(1, m.cfg.num_pages)) - live)
+    c.before(step)
+    runner.run(*args)
+    m.index_cache[victim, 5, 0] += 1          # the plant: a live page nobody stores into this step
+    m.index_cache[free, 0, 0] = 3.0           # and a page no request holds
+    rec = c.after(step)
+    assert rec["live_overwrites"] == [victim] and rec["free_writes"] == [free]
+    assert rec["expected"] == len(expected) == 2 and rec["expected_unchanged"] == 0
+    assert rec["changed"] == 2 + 2 and not rec["scratch"]   # the two stores, the two plants
+    s = c.summary()
+    assert (s["live_overwrites"], s["free_page_writes"], s["steps_with_live_overwrite"]) == (1, 1, 1)
+    assert "1 live-page overwrites" in canary.describe(s)
+
+
+def test_no_alarm_without_writes_and_checksum_sees_a_swap():
+    m, runner, args, step = _setup()
+    c = Canary(m)
+    c.before(step)
+    rec = c.after(step)                      # nothing ran in between
+    assert rec["changed"] == 0 and not rec["live_overwrites"]
+    before = page_checksums(m.index_cache)
+    m.index_cache[7, [0, 1]] = m.index_cache[7, [1, 0]]   # same words, moved
+    assert torch.nonzero(page_checksums(m.index_cache) != before).flatten().tolist() == [7]
+
+
+def test_refuses_any_tensor_but_the_index_cache():
+    dev = device.get("sim")
+    m = DecodeModel(ModelConfig(**CI), dev)
+    Canary(m, m.index_cache)
+    with pytest.raises(ValueError, match="index-K cache only"):
+        Canary(m, m.kv_cache)
+    with pytest.raises(ValueError, match="index-K cache only"):
+        Canary(m, m.index_cache.clone())
+
+
+def test_clean_run_is_quiet_and_counts_add_up():
+    dev = device.get("sim")
+    rows = canary.watch(dev, CI, [1, 2], {**W, "seed": 1}, overlaps=["off"], progress=None)
+    for r in rows:
+        assert r["corrupted_sessions"] == 0 and r["live_overwrites"] == 0 and r["free_page_writes"] == 0
+        assert r["pages_changed"] == r["pages_expected"] - r["expected_unchanged"] + r["scratch_writes"]
+        assert r["pages_expected"] > 0
+    assert "zero" in canary.verdict(rows) or "no session" in canary.verdict(rows)
+
+
+def test_a_passive_instrument_leaves_the_verdicts_alone():
+    """With instruments, each step replays before its reference; nothing either computes changes."""
+    class Passive:
+        def before(self, step):
+            assert step["live_pages"] and 0 not in step["live_pages"]
+
+        def after(self, step):
+            pass
+    out = []
+    for inst in ((), (Passive(),)):
+        dev = device.get("sim")
+        m = DecodeModel(ModelConfig(**CI, overlap="on"), dev)
+        r = run_sessions(Runner(m, [1, 2]).capture(), WorkloadConfig(**W, concurrency=2, seed=2), inst)
+        out.append((r["corrupted_ids"], [s["bad_rows"] for s in r["step_log"]]))
+    assert out[0] == out[1]

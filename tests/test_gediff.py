@@ -1,0 +1,69 @@
+"""The graph-vs-eager differential on the simulator: a planted logits mismatch is caught; clean is clean."""
+import pytest
+import torch
+
+from nblib import device, gediff
+from nblib.gediff import GEDiff
+from nblib.model import DecodeModel, ModelConfig
+from nblib.overhead import full_batch
+from nblib.runner import Runner
+from nblib.workload import WorkloadConfig, run_sessions
+
+from test_canary import CI, W
+
+
+def _captured(bucket=2):
+    dev = device.get("sim")
+    m = DecodeModel(ModelConfig(**CI, overlap="off"), dev)
+    gd = GEDiff(m)
+    runner = Runner(m, [bucket]).capture()
+    args = full_batch(m, bucket)
+    runner.run(*args)
+    return m, gd, runner, args
+
+
+def test_clean_replay_agrees_then_a_planted_mismatch_is_caught():
+    m, gd, runner, args = _captured()
+    rec = gd.compare(2, rows=2)
+    assert not rec["diverged"] and rec["max_abs"] == 0
+    logits = gd.stash[2]["logits"]
+    top = set(gd.recompute(2)[0].topk(m.cfg.topk).indices.tolist())
+    j = next(t for t in range(int(args[2][0])) if t not in top)
+    logits[0, j] = 1e30                      # the plant: one entry of row 0 jumps to the top
+    rec = gd.compare(2, rows=2)
+    assert rec["diverged"] and rec["max_abs"] > 1e29
+    assert (rec["argmax_rows"], rec["topk_rows"]) == (1, 1)
+    assert len(gd.lines) == 2 and "argmax differs 1/2" in gd.lines[-1]
+    assert gd.table()[0]["diverged"] == 1
+
+
+def test_replay_refreshes_the_stash():
+    m, gd, runner, args = _captured()
+    gd.stash[2]["logits"].fill_(7.0)         # stale stash...
+    runner.run(*args)                         # ...overwritten by the captured clone
+    assert not gd.compare(2, rows=2)["diverged"]
+
+
+def test_unknown_bucket_names_the_captured_ones():
+    m, gd, runner, args = _captured()
+    with pytest.raises(KeyError, match=r"bucket 4.*\[2\]"):
+        gd.lookup(4)
+    with pytest.raises(ValueError, match="already"):
+        GEDiff(m)
+
+
+def test_metrics_nan_and_inf():
+    g = torch.tensor([[float("-inf"), 1.0, float("nan")]])
+    e = torch.tensor([[float("-inf"), 1.0, 2.0]])
+    m = gediff.metrics(g, e, 2)
+    assert m["max_abs"] == float("inf") and m["diverged"]
+    assert gediff.metrics(e, e.clone(), 2) == dict(max_abs=0.0, argmax_rows=0, topk_rows=0, diverged=False)
+
+
+def test_clean_workload_no_divergence():
+    dev = device.get("sim")
+    m = DecodeModel(ModelConfig(**CI, overlap="off"), dev)
+    gd = GEDiff(m)
+    r = run_sessions(Runner(m, [1, 2]).capture(), WorkloadConfig(**W, concurrency=2, seed=1), [gd])
+    s = gd.summary()
+    assert r["corrupted_sessions"] == 0 and s["comparisons"] == r["steps"] and s["diverged"] == 0
