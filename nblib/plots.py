@@ -23,3 +23,40 @@ def corruption_heatmap(rows, level="session"):
     fig.colorbar(im, ax=ax, label=f"fraction of {level}s corrupted")
     fig.tight_layout()
     return fig
+
+
+def stream_timeline(trace, hazards=(), schedule=None, title=None):
+    """The captured ops of one capture (nblib.trace.CaptureTrace) as bars, one lane per stream.
+    schedule: (starts, ends) by op index, e.g. a sim graph's last_schedule after a replay (seconds);
+    without one the x axis is the capture order. Ops in a hazard are red, joined by a dashed line."""
+    ops = trace.ops
+    streams = sorted({op.stream for op in ops}, key=lambda s: (s != "main", s))
+    lane = {s: i for i, s in enumerate(streams)}
+    if schedule is not None:
+        scale = 1e6
+        span = [(schedule[0][op.index] * scale, (schedule[1][op.index] - schedule[0][op.index]) * scale)
+                for op in ops]
+        xlabel = "simulated time in one replay (us)"
+    else:
+        span = [(i, 0.9) for i in range(len(ops))]
+        xlabel = "capture order (op)"
+    at = {op.index: (x, w) for op, (x, w) in zip(ops, span)}
+    bad = {h.first.index for h in hazards} | {h.second.index for h in hazards}
+    fig, ax = plt.subplots(figsize=(11, 0.9 * len(streams) + 1.6))
+    for op, (x, w) in zip(ops, span):
+        ax.barh(lane[op.stream], w, left=x, height=0.6, color="tab:red" if op.index in bad else "tab:blue",
+                edgecolor="white", linewidth=0.5)
+    for h in {(h.first.index, h.second.index): h for h in hazards}.values():
+        (x1, w1), (x2, w2) = at[h.first.index], at[h.second.index]
+        ax.plot([x1 + w1 / 2, x2 + w2 / 2], [lane[h.first.stream], lane[h.second.stream]],
+                "--", color="tab:red", linewidth=1)
+    for op, (x, w) in zip(ops, span):
+        if op.index in bad:
+            ax.annotate(op.name.split("::")[-1], (x + w / 2, lane[op.stream] + 0.33), ha="center",
+                        fontsize=7, color="tab:red")
+    ax.set_yticks(range(len(streams)), streams)
+    ax.invert_yaxis()
+    ax.set_xlabel(xlabel)
+    ax.set_title(title or f"{trace.title()}: {len(hazards)} hazard(s) (red)")
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,312 @@
+"""The capture audit: name every cross-stream race in a capture, from the capture alone.
+
+    report = nblib.audit.audit_capture(fn, *args, device=dev)     # captures fn(*args) and audits it
+    with nblib.audit.recording(dev) as rec:                         # or around code that captures
+        runner.capture(record=rec)                                  # (rec(bucket) labels captures)
+    report = rec.report(names=model.captures)
+    report.ok, report.hazards, print(report), report.rows()
+
+How: nblib.trace records, in program order, each allocation and free, each op's byte accesses
+(read or write) and stream, and each event record and wait. Happens-before is computed with a
+vector clock per stream (an op ticks its stream's clock; a record snapshots the stream's clock into
+the event; a wait merges the event's clock into the stream's). Two accesses race when their bytes
+overlap, at least one writes, they run on different streams, and neither op happens before the
+other. Accesses are compared by bytes, not by tensor, and the history is kept across frees: a
+side-stream kernel still reading a block that the main stream's next tensor reuses is reported with
+both tensors' allocation and free sites (PyTorch's CUDA sanitizer forgets a tensor at its free, so it
+cannot see that). The audit only reads what the capture recorded; the graph it audits replays the
+same with or without it.
+"""
+import os
+import time
+import traceback
+from dataclasses import dataclass, field
+
+from nblib import trace as T
+from nblib.trace import recording, site   # noqa: F401  (part of this module's API)
+
+KINDS = ("read-after-write", "write-after-read", "write-after-write")
+
+
+class AuditCaptureError(RuntimeError):
+    """The function being audited raised while capturing; the message names the op or line."""
+
+
+# ------------------------------------------------------------------------------------------------
+# happens-before: vector clocks per stream and event
+# ------------------------------------------------------------------------------------------------
+
+def happens_before(tr):
+    """Give every op of the trace its epoch (its tick on its stream) and vc (the stream's vector
+    clock at the op: the last tick of every stream known to happen before it)."""
+    clocks, events = {}, {}
+    for e in tr.events:
+        kind = e[0]
+        if kind == "op":
+            op = e[1]
+            c = clocks.setdefault(op.stream, {})
+            c[op.stream] = c.get(op.stream, 0) + 1
+            op.epoch, op.vc = c[op.stream], dict(c)
+        elif kind == "record":
+            events[e[2]] = dict(clocks.get(e[1], {}))
+        elif kind == "wait":
+            c = clocks.setdefault(e[1], {})
+            for s, t in events.get(e[2], {}).items():   # an event never recorded: waits for nothing
+                if t > c.get(s, 0):
+                    c[s] = t
+    return tr
+
+
+def ordered(a, b):
+    """True when op a happens before op b (a was issued first)."""
+    return a.epoch <= b.vc.get(a.stream, 0)
+
+
+# ------------------------------------------------------------------------------------------------
+# races
+# ------------------------------------------------------------------------------------------------
+
+@dataclass(eq=False)
+class Hazard:
+    """One race: two ops on different streams, unordered, touching the same bytes, one writing.
+    `first` is the op issued first on the host (the graph runs them in either order)."""
+    kind: str
+    label: dict
+    first: T.Op
+    second: T.Op
+    first_access: T.Access
+    second_access: T.Access
+    lo: int
+    hi: int
+    count: int = 1                # access pairs merged into this entry
+
+    @property
+    def bucket(self):
+        return self.label.get("bucket")
+
+    @property
+    def nbytes(self):
+        return self.hi - self.lo
+
+    @property
+    def reused(self):
+        """The two accesses belong to different allocations of the same bytes: a free, then reuse."""
+        a, b = self.first_access.alloc, self.second_access.alloc
+        return a is not None and b is not None and a is not b
+
+    def row(self):
+        """A flat dict for tables and results.json."""
+        fa, sa = self.first_access.alloc, self.second_access.alloc
+        return dict(**{k: v for k, v in self.label.items() if k != "capture"}, kind=self.kind,
+                    first_op=self.first.name, first_stream=self.first.stream,
+                    first_tensor=tensor_name(fa), first_site=T.site(self.first.stack, code=False),
+                    second_op=self.second.name, second_stream=self.second.stream,
+                    second_tensor=tensor_name(sa), second_site=T.site(self.second.stack, code=False),
+                    addr=hex(self.lo), nbytes=self.nbytes, reused=self.reused,
+                    first_alloc=_alloc_site(fa), first_free=_free_site(fa),
+                    second_alloc=_alloc_site(sa), second_free=_free_site(sa), pairs=self.count)
+
+    def describe(self):
+        fa, sa = self.first_access.alloc, self.second_access.alloc
+        title = ", ".join(f"{k} {v}" for k, v in self.label.items() if k != "capture") or \
+            f"capture {self.label.get('capture')}"
+        head = (f"{title}: {self.kind} on {self.nbytes} bytes at {self.lo:#x}"
+                + (" (the same bytes, two allocations: freed, then reused)" if self.reused else ""))
+        out = [head]
+        for tag, op, acc, al in (("first ", self.first, self.first_access, fa),
+                                 ("second", self.second, self.second_access, sa)):
+            verb = {"r": "reads", "w": "writes", "rw": "reads and writes"}[acc.kind]
+            out.append(f"  {tag} {op.name} (op {op.index}) on stream {op.stream} {verb} {acc.what} "
+                       f"= {tensor_name(al)}")
+            out.append(T.format_stack(op.stack, indent="          "))
+            if al is not None:
+                out.append(f"          {tensor_name(al)}: {al.nbytes} bytes allocated on stream {al.stream} "
+                           f"by {al.op} at {T.site(al.stack)}")
+                out.append(f"          freed at {_free_site(al)}"
+                           + (f"; record_stream({', '.join(al.record_streams)})" if al.record_streams else ""))
+        return "\n".join(x for x in out if x)
+
+
+def tensor_name(a):
+    if a is None:
+        return "persistent memory (outside the capture's pool)"
+    return a.label()
+
+
+def _alloc_site(a):
+    return T.site(a.stack) if a is not None else "before the capture"
+
+
+def _free_site(a):
+    if a is None:
+        return "-"
+    return T.site(a.free_stack) if a.freed else "alive at the end of the capture"
+
+
+def _kind(first, second):
+    if first.writes and second.writes:
+        return "write-after-write"
+    return "read-after-write" if first.writes else "write-after-read"
+
+
+def races(tr):
+    """Every racing access pair of one trace, merged per (op pair, allocation pair, kind)."""
+    happens_before(tr)
+    acc = sorted(((a.addr, a.addr + a.nbytes, op, a) for op in tr.ops for a in op.accesses),
+                 key=lambda x: x[0])
+    found, active = {}, []
+    for item in acc:
+        lo = item[0]
+        active = [x for x in active if x[1] > lo]
+        for x in active:
+            (xa, xb, xop, xacc), (_, yb, yop, yacc) = x, item
+            if xop is yop or xop.stream == yop.stream or not (xacc.writes or yacc.writes):
+                continue
+            (f, fa), (s, sa) = sorted(((xop, xacc), (yop, yacc)), key=lambda p: p[0].index)
+            if ordered(f, s):
+                continue
+            kind = _kind(fa, sa)
+            key = (f.index, s.index, id(fa.alloc), id(sa.alloc), kind)
+            olo, ohi = max(xa, lo), min(xb, yb)
+            h = found.get(key)
+            if h is None:
+                found[key] = Hazard(kind, tr.label, f, s, fa, sa, olo, ohi)
+            else:
+                h.lo, h.hi, h.count = min(h.lo, olo), max(h.hi, ohi), h.count + 1
+        active.append(item)
+    return sorted(found.values(), key=lambda h: (h.first.index, h.second.index, h.lo))
+
+
+# ------------------------------------------------------------------------------------------------
+# the report
+# ------------------------------------------------------------------------------------------------
+
+@dataclass(eq=False)
+class Report:
+    traces: list
+    hazards: list
+    seconds: float
+    incomplete: int = 0
+    result: object = None        # audit_capture: what fn returned (the capture's static outputs)
+    graph: object = None         # audit_capture: the captured graph
+    notes: list = field(default_factory=list)
+
+    @property
+    def ok(self):
+        return not self.hazards
+
+    @property
+    def ops(self):
+        return sum(len(t.ops) for t in self.traces)
+
+    def rows(self, level="ops"):
+        """Table rows. level "ops": one per (capture label, tensor pair, op pair); level "tensors":
+        one per (capture label, tensor pair), the racing ops listed in first_op / second_op."""
+        out = {}
+        for h in self.hazards:
+            r = h.row()
+            key = tuple(sorted((k, str(v)) for k, v in h.label.items() if k != "capture")) + (
+                r["first_tensor"], r["second_tensor"])
+            if level == "ops":
+                key += (r["first_op"], r["first_site"], r["second_op"], r["second_site"])
+            if key in out:
+                o = out[key]
+                o["pairs"] += r["pairs"]
+                o["nbytes"] = max(o["nbytes"], r["nbytes"])
+                for k in ("kind", "first_op", "second_op"):
+                    if r[k] not in o[k].split(", "):
+                        o[k] += ", " + r[k]
+            else:
+                out[key] = r
+        return list(out.values())
+
+    def by(self, key):
+        """Hazards grouped by a label key, e.g. report.by("bucket") -> {8: [...], 4: [...]}."""
+        out = {t.label.get(key): [] for t in self.traces}
+        for h in self.hazards:
+            out.setdefault(h.label.get(key), []).append(h)
+        return out
+
+    def summary(self):
+        n = len(self.traces)
+        head = (f"capture audit: {n} capture{'s' * (n != 1)}, {self.ops} ops, "
+                f"{len(self.hazards)} hazard{'s' * (len(self.hazards) != 1)} ({self.seconds * 1e3:.1f} ms)")
+        if self.incomplete:
+            head += f"; {self.incomplete} capture(s) raised and were not audited"
+        return head
+
+    def __str__(self):
+        if self.ok:
+            return self.summary() + ": no cross-stream race"
+        seen, parts = set(), [self.summary()]
+        for h in self.hazards:                  # one block per notebook row, the first instance
+            r = h.row()
+            key = (tuple(sorted(h.label.items())), r["first_tensor"], r["second_tensor"],
+                   r["first_op"], r["second_op"])
+            if key in seen:
+                continue
+            seen.add(key)
+            parts.append(h.describe())
+        return "\n".join(parts)
+
+    __repr__ = summary
+
+
+def name_allocations(traces, names):
+    """Give allocations the names a caller noted while capturing: dicts with addr and tensor, and
+    optionally bucket (matched against the capture's label) -- e.g. DecodeModel.captures."""
+    for tr in traces:
+        for a in tr.allocs:
+            for n in names:
+                if (n.get("addr") == a.addr and n.get("nbytes", a.nbytes) == a.nbytes
+                        and ("bucket" not in n or n["bucket"] == tr.label.get("bucket"))):
+                    a.name = n["tensor"]
+
+
+def audit(traces, names=None):
+    """Audit recorded captures (nblib.trace.CaptureTrace list); incomplete ones are skipped."""
+    t0 = time.perf_counter()
+    done = [t for t in traces if t.complete]
+    if names:
+        name_allocations(done, names)
+    hazards = [h for t in done for h in races(t)]
+    return Report(done, hazards, time.perf_counter() - t0, incomplete=len(traces) - len(done))
+
+
+def audit_capture(fn, *args, device, pool=None, names=None, label=None, **kwargs):
+    """Capture fn(*args, **kwargs) on `device` into a new graph and audit it. The report carries
+    the graph (report.graph) and what fn returned (report.result). If fn raises, nothing is left
+    capturing, the current stream is restored, and AuditCaptureError names the op (or the line)."""
+    dev = device
+    g = dev.CUDAGraph()
+    prev = dev.current_stream()
+    rec = recording(dev)
+    with rec:
+        try:
+            with rec(**(label or {})), dev.graph(g, pool=pool):
+                result = fn(*args, **kwargs)
+        except Exception as e:
+            raise AuditCaptureError(_failure(fn, e)) from e
+        finally:
+            _restore_stream(dev, prev)
+    report = rec.report(names=names)
+    report.result, report.graph = result, g
+    return report
+
+
+def _failure(fn, e):
+    name = getattr(fn, "__qualname__", None) or repr(fn)
+    where = ""
+    frames = [f for f in traceback.extract_tb(e.__traceback__) if not T._skip(f.filename)]
+    if frames:
+        f = frames[-1]
+        where = f" at {os.path.basename(f.filename)}:{f.lineno} in {f.name}"
+    notes = " ".join(getattr(e, "__notes__", []))
+    return f"capturing {name} failed{where}: {type(e).__name__}: {e}" + (f" {notes}" if notes else "")
+
+
+def _restore_stream(dev, prev):
+    if dev.name == "cuda":
+        import torch
+        if torch.cuda.current_stream() != prev:      # torch.cuda.graph skips this when capture_end raises
+            torch.cuda.set_stream(prev)
