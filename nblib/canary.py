@@ -155,7 +155,7 @@ def watch(dev, model, buckets, workload, overlaps=("on", "off"), index_dtype="bf
     The canary adds no node to the graph, so the replays are the uninstrumented ones."""
     from nblib.model import DecodeModel, ModelConfig
     from nblib.runner import Runner
-    from nblib.workload import WorkloadConfig, run_sessions
+    from nblib.workload import WorkloadConfig, in_bucket, run_sessions
     rows = []
     for overlap in overlaps:
         m = DecodeModel(ModelConfig(**model, index_dtype=index_dtype, overlap=overlap,
@@ -165,10 +165,8 @@ def watch(dev, model, buckets, workload, overlaps=("on", "off"), index_dtype="bf
             m.index_cache.zero_(); m.kv_cache.zero_()   # a fresh engine: the last run's entries would
             c = Canary(m)                               # make this run's identical stores no-ops
             r = run_sessions(runner, WorkloadConfig(**{**workload, "concurrency": b}), [c])
-            rows.append(dict(index_dtype=index_dtype, overlap=overlap, bucket=b, sessions=r["sessions"],
-                             corrupted_sessions=r["corrupted_sessions"], steps=r["steps"],
-                             corrupted_steps=r["corrupted_steps"],
-                             **{k: v for k, v in c.summary().items() if k != "steps"}))
+            rows.append(dict(index_dtype=index_dtype, overlap=overlap, bucket=b, **in_bucket(r, b),
+                             **{k: v for k, v in c.summary().items() if k != "steps"}, replays=c.summary()["steps"]))
             if progress:
                 progress(f"overlap {overlap:3s} bucket {b}: corrupted {r['corrupted_sessions']}/{r['sessions']}; "
                          + describe(c.summary()))
@@ -196,4 +194,4 @@ def verdict(rows):
                 f"live-page overwrites in {tot(bad, 'steps_with_live_overwrite')} replays: the index-K buffer "
                 f"itself is being written")
     quiet = tot(clean, "live_overwrites") + tot(clean, "free_page_writes")
-    return f"{head}. Clean runs: {quiet} live or free-page alarms over {tot(clean, 'steps')} replays."
+    return f"{head}. Clean runs: {quiet} live or free-page alarms over {tot(clean, 'replays')} replays."

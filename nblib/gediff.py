@@ -134,7 +134,7 @@ def arms(dev, model, buckets, workload, index_dtype="bf16", overlap="on", logits
     and for the on arm the differential's comparisons and divergences; gd holds its records and lines."""
     from nblib.model import DecodeModel, ModelConfig
     from nblib.runner import Runner
-    from nblib.workload import WorkloadConfig, run_sessions
+    from nblib.workload import WorkloadConfig, in_bucket, run_sessions
     cfg = ModelConfig(**model, index_dtype=index_dtype, overlap=overlap, logits_policy=logits_policy)
     off_model, on_model = DecodeModel(cfg, dev), DecodeModel(cfg, dev)
     gd = GEDiff(on_model)
@@ -146,8 +146,7 @@ def arms(dev, model, buckets, workload, index_dtype="bf16", overlap="on", logits
             gd.records = []
             r = run_sessions(runners[arm], WorkloadConfig(**{**workload, "concurrency": b}),
                              [gd] if arm == "on" else ())
-            row = dict(arm=arm, bucket=b, sessions=r["sessions"], corrupted_sessions=r["corrupted_sessions"],
-                       steps=r["steps"], corrupted_steps=r["corrupted_steps"])
+            row = dict(arm=arm, bucket=b, **in_bucket(r, b))
             if arm == "on":
                 row.update(comparisons=len(gd.records), diverged=sum(x["diverged"] for x in gd.records))
                 records += [dict(x, concurrency=b) for x in gd.records]

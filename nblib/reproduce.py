@@ -1,7 +1,9 @@
 """The corruption matrix: index dtype x mode x overlap x bucket, session- and step-level.
 
 Each row runs the agentic workload with at most `bucket` sessions decoding together (the decode
-batch size the campaign varied), so the bucket-1 row is the batch-size-1 check. Every step is
+batch size the campaign varied), so the bucket-1 row is the batch-size-1 check. A row counts only
+the steps replayed in its bucket's graph: the run's tail (fewer sessions left, a smaller bucket)
+belongs to the smaller bucket's graph, not to this one. Every step is
 compared with the eager single-stream reference; rates come with Wilson 95% intervals.
 """
 import gc
@@ -10,7 +12,7 @@ import time
 from nblib import stats
 from nblib.model import DecodeModel, ModelConfig, INDEX_DTYPES, OVERLAPS, check_choice
 from nblib.runner import Runner, MODES, check_buckets
-from nblib.workload import WorkloadConfig, run_sessions
+from nblib.workload import WorkloadConfig, in_bucket, run_sessions
 
 
 def check_matrix_args(index_dtypes, modes, overlaps, buckets, logits_policy="transient"):
@@ -42,9 +44,7 @@ def corruption_matrix(dev, model, buckets, workload, index_dtypes=INDEX_DTYPES, 
                     aliases += [dict(index_dtype=dtype, overlap=overlap, **a) for a in runner.aliases()]
                 for b in buckets:
                     r = run_sessions(runner, WorkloadConfig(**{**workload, "concurrency": b}))
-                    rows.append(dict(index_dtype=dtype, mode=mode, overlap=overlap, bucket=b,
-                                     sessions=r["sessions"], corrupted_sessions=r["corrupted_sessions"],
-                                     steps=r["steps"], corrupted_steps=r["corrupted_steps"],
+                    rows.append(dict(index_dtype=dtype, mode=mode, overlap=overlap, bucket=b, **in_bucket(r, b),
                                      buckets_replayed=sorted({s["bucket"] for s in r["step_log"]})))
                 if progress:
                     bad = [(x["bucket"], x["corrupted_sessions"]) for x in rows[-len(buckets):]]

@@ -172,8 +172,21 @@ def run_sessions(runner, w: WorkloadConfig, instruments=()):
     for st in steps:
         rows = flags[i:i + st["bs"]]
         i += st["bs"]
-        st["bad_rows"] = int(sum(rows))
+        st["bad_rows"], st["rows"] = int(sum(rows)), rows
         corrupted.update(sid for sid, f in zip(st["sessions"], rows) if f)
     return dict(sessions=w.sessions, corrupted_sessions=len(corrupted),
                 steps=len(steps), corrupted_steps=sum(1 for st in steps if st["bad_rows"]),
                 corrupted_ids=sorted(corrupted), step_log=steps)
+
+
+def in_bucket(result, bucket):
+    """The verdicts of the steps replayed in `bucket`'s graph only. A run with at most b sessions
+    decoding together also replays smaller buckets when fewer sessions are active (its tail); a
+    corrupted tail step says nothing about bucket b's graph, so per-bucket rows count only these.
+    sessions: the sessions with at least one step in this bucket; tail_*: the other steps."""
+    mine = [st for st in result["step_log"] if st["bucket"] == bucket]
+    tail = [st for st in result["step_log"] if st["bucket"] != bucket]
+    bad = {sid for st in mine for sid, f in zip(st["sessions"], st.get("rows", [])) if f}
+    return dict(sessions=len({sid for st in mine for sid in st["sessions"]}), corrupted_sessions=len(bad),
+                steps=len(mine), corrupted_steps=sum(1 for st in mine if st["bad_rows"]),
+                tail_steps=len(tail), tail_corrupted_steps=sum(1 for st in tail if st["bad_rows"]))

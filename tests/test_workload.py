@@ -143,3 +143,16 @@ def test_sessions_needed_sanity():
     assert stats.fisher_power(10, 0.3, 0.05) == pytest.approx(brute, rel=1e-9)
     assert stats.zero_failure_sessions(0.01) == 299 and stats.zero_failure_sessions(0.1) == 29   # ~3/target
     assert stats.wilson(0, stats.zero_failure_sessions(0.01))[1] < 0.0131
+
+
+def test_in_bucket_counts_only_the_steps_replayed_in_that_bucket():
+    from nblib.workload import in_bucket
+    # a concurrency-8 run whose tail (2 sessions left) replays bucket 2, where the only bad row is
+    log = [dict(bucket=8, sessions=[0, 1, 2], bad_rows=0, rows=[0, 0, 0]),
+           dict(bucket=8, sessions=[0, 1, 2], bad_rows=0, rows=[0, 0, 0]),
+           dict(bucket=2, sessions=[1, 2], bad_rows=1, rows=[0, 1])]
+    r = dict(step_log=log)
+    assert in_bucket(r, 8) == dict(sessions=3, corrupted_sessions=0, steps=2, corrupted_steps=0,
+                                   tail_steps=1, tail_corrupted_steps=1)
+    assert in_bucket(r, 2) == dict(sessions=2, corrupted_sessions=1, steps=1, corrupted_steps=1,
+                                   tail_steps=2, tail_corrupted_steps=0)
