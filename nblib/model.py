@@ -12,11 +12,14 @@ Knobs, as in the real engine:
   index_dtype   bf16 | fp8     the index-K cache layout (kernels.indexer)
   overlap       on | off       on: while capturing, the indexer forks to an alternate stream
                                (eager decode never forks, as in the engine)
-  logits_policy transient | persistent
+  logits_policy transient | persistent | record_stream
                 transient: the bf16 path allocates its logits with torch.empty on the main stream
                 before forking, the way the faulty engine did; the fp8 path allocates its own on
-                the stream it runs on (a kernel library's habit). persistent: one buffer per
-                bucket, allocated before capture, outside the graph pool.
+                the stream it runs on (a kernel library's habit). persistent (the fix): one buffer
+                per (stream, bucket, shape), allocated before capture, outside the graph pool
+                (nblib.buffers). record_stream (the textbook fix): transient, but
+                logits.record_stream(side) before the free, so the allocator does not reuse the
+                block while the capture lasts.
 """
 from dataclasses import dataclass, replace
 import math
@@ -25,10 +28,11 @@ import torch
 import torch.nn.functional as F
 
 from kernels import indexer as kx
+from nblib.buffers import PersistentBuffers
 
 INDEX_DTYPES = ("bf16", "fp8")
 OVERLAPS = ("on", "off")
-LOGITS_POLICIES = ("transient", "persistent")
+LOGITS_POLICIES = ("transient", "persistent", "record_stream")
 PAGE = kx.PAGE
 
 
@@ -93,7 +97,7 @@ class DecodeModel:
             self.index_cache = torch.zeros(cfg.num_pages, kx.fp8_page_bytes(D), dtype=torch.uint8, device=d)
         self.kv_cache = torch.zeros(slots, D, dtype=torch.bfloat16, device=d)
         self.side = dev.Stream()
-        self.persistent_logits = {}   # bucket -> buffer made before capture (logits_policy persistent)
+        self.buffers = PersistentBuffers(dev)   # logits_policy persistent: made before capture
         self.captures = []            # (bucket, name, tensor, stream) noted while capturing
 
     # -- cache writes, used by prefill (eager) and by the compressor inside the step ------------
@@ -114,9 +118,12 @@ class DecodeModel:
 
     def prepare(self, bucket):
         """What must exist before capturing `bucket`: the persistent logits buffer, if used."""
-        if self.cfg.logits_policy == "persistent" and bucket not in self.persistent_logits:
-            self.persistent_logits[bucket] = torch.empty(
-                bucket, self.cfg.max_ctx, dtype=torch.float32, device=self.dev.torch_device)
+        if self.cfg.logits_policy == "persistent":
+            self.buffers.reserve(self._logits_stream(), bucket, (bucket, self.cfg.max_ctx))
+
+    def _logits_stream(self):
+        """The stream that uses the logits while capturing (the persistent buffer's owner)."""
+        return "side" if self.cfg.overlap == "on" else "main"
 
     # -- the step -------------------------------------------------------------------------------
     def step(self, tokens, page_table, seq_lens, store_slots):
@@ -134,6 +141,8 @@ class DecodeModel:
             logits = self._logits_buffer(len(tokens), use="side")
             with dev.stream(self.side):
                 topk = self.indexer(q, head_w, page_table, seq_lens, logits)
+            if cfg.logits_policy == "record_stream" and logits is not None:
+                dev.record_stream(logits, self.side)   # the free waits for the side stream's use
             del logits    # the engine's transient dies here, before the join
             y = self.mlp(x)
             main.wait_stream(self.side)
@@ -148,7 +157,7 @@ class DecodeModel:
         fp8 transient: None, the indexer allocates on its own stream. persistent: the bucket's buffer."""
         cfg = self.cfg
         if cfg.logits_policy == "persistent":
-            return self.persistent_logits[bs]
+            return self.buffers.get(self._logits_stream(), bs, (bs, cfg.max_ctx))
         if cfg.index_dtype == "fp8":
             return None
         t = torch.empty(bs, cfg.max_ctx, dtype=torch.float32, device=self.dev.torch_device)

@@ -87,6 +87,8 @@ def checks(rows):
         check("overlap off -> no hazard", lambda r: r["overlap"] == "off", lambda r: r["hazards"] == 0, "clean"),
         check("persistent logits buffer -> no hazard", lambda r: r["logits_policy"] == "persistent",
               lambda r: r["hazards"] == 0, "clean"),
+        check("record_stream before the free -> no hazard", lambda r: r["logits_policy"] == "record_stream",
+              lambda r: r["hazards"] == 0, "clean"),
         check("fp8 (logits allocated on the side stream) -> no hazard", lambda r: r["index_dtype"] == "fp8",
               lambda r: r["hazards"] == 0, "clean"),
         check("no hazard -> no corruption", lambda r: r["hazards"] == 0,
@@ -112,7 +114,7 @@ def verdict(cks, rows):
             "; ".join(f"{c['check']} fails at {c['where']}" for c in held if not c["holds"]))
     s = (f"{head}: {len(corrupt)} corrupting configuration(s) "
          f"({', '.join(_where(r) for r in corrupt) or 'none'}), each with a named hazard; "
-         f"no hazard with overlap off, a persistent buffer, or fp8.")
+         f"no hazard with overlap off, a persistent buffer, record_stream, or fp8.")
     if latent:
         s += (f" Hazard without observed corruption (a latent race, intermittent at this sample size): "
               f"{', '.join(_where(r) for r in latent)}.")

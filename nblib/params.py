@@ -6,7 +6,7 @@ import yaml
 from nblib import device
 
 ROOT = Path(__file__).resolve().parent.parent
-PROFILES = ("gpu", "sim", "ci")
+PROFILES = ("gpu", "gpu-long", "sim", "ci")
 
 
 def load(path):

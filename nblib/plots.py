@@ -60,3 +60,21 @@ def stream_timeline(trace, hazards=(), schedule=None, title=None):
     ax.set_title(title or f"{trace.title()}: {len(hazards)} hazard(s) (red)")
     fig.tight_layout()
     return fig
+
+
+def step_times(times, variants=None):
+    """Decode-step time per bucket, one line per variant (median, quartiles as a band)."""
+    variants = variants or list(dict.fromkeys(t["variant"] for t in times))
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for v in variants:
+        rs = sorted((t for t in times if t["variant"] == v), key=lambda t: t["bucket"])
+        b = [r["bucket"] for r in rs]
+        ax.plot(b, [r["median_ms"] for r in rs], "o-", label=v)
+        ax.fill_between(b, [r["q1_ms"] for r in rs], [r["q3_ms"] for r in rs], alpha=0.2)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("decode batch size (bucket)")
+    ax.set_ylabel(f"step time, ms ({rs[0]['method'] if rs else ''})")
+    ax.set_title("decode step (graph replay), median and quartiles")
+    ax.legend()
+    fig.tight_layout()
+    return fig

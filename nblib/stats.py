@@ -84,10 +84,16 @@ def fisher_power(n, p0, p1, alpha=0.05):
     return total
 
 
-def zero_failure_sessions(target, confidence=0.95):
-    """Clean sessions needed, with zero failures, for the one-sided upper bound on the rate to fall
-    below `target` (exact binomial: (1 - target)^n <= 1 - confidence); about 3 / target at 95 %
-    (the rule of three). E.g. target 1 % -> 299 sessions."""
+def zero_failure_sessions(target, confidence=0.95, method="exact"):
+    """Clean sessions needed, with zero failures, for the upper bound on the rate to fall below
+    `target`. method "exact": the one-sided binomial bound ((1 - target)^n <= 1 - confidence), about
+    3 / target at 95 % (the rule of three; 1 % -> 299). method "wilson": the upper end of the
+    two-sided Wilson interval this package reports everywhere, z^2 / (n + z^2) < target (1 % -> 381)."""
     if not 0 < target < 1:
         raise ValueError(f"target must be a rate in (0, 1), got {target}")
+    if method == "wilson":
+        z2 = _z(1 - (1 - confidence) / 2) ** 2
+        return math.floor(z2 * (1 - target) / target) + 1
+    if method != "exact":
+        raise ValueError(f"unknown method {method!r}: use 'exact' or 'wilson'")
     return math.ceil(math.log(1 - confidence) / math.log(1 - target))

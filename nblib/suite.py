@@ -46,9 +46,12 @@ def run(params_path=None, out=None, only=None, timeout=1800):
         dest = out / f"{name}.ipynb"
         rec = dict(notebook=name, status="failed", html=f"{name}.html", error=None)
         t0 = time.perf_counter()
+        src = P.ROOT / "notebooks" / f"{name}.ipynb"
+        declared = pm.inspect_notebook(str(src))   # pass each notebook only the parameters it declares
         try:
-            pm.execute_notebook(str(P.ROOT / "notebooks" / f"{name}.ipynb"), str(dest),
-                                parameters={**values, "output_dir": str(out.resolve())},
+            pm.execute_notebook(str(src), str(dest),
+                                parameters={k: v for k, v in {**values, "output_dir": str(out.resolve())}.items()
+                                            if k in declared},
                                 cwd=str(P.ROOT), progress_bar=False, execution_timeout=timeout,
                                 kernel_name="python3")
         except Exception as e:  # papermill raises PapermillExecutionError with the cell

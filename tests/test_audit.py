@@ -399,7 +399,8 @@ def test_cuda_model_configurations():
     from nblib.device import get
     dev = get("cuda")
     for dtype, overlap, policy in [("bf16", "on", "transient"), ("bf16", "off", "transient"),
-                                   ("bf16", "on", "persistent"), ("fp8", "on", "transient")]:
+                                   ("bf16", "on", "persistent"), ("bf16", "on", "record_stream"),
+                                   ("fp8", "on", "transient")]:
         m = DecodeModel(ModelConfig(**TINY, index_dtype=dtype, overlap=overlap, logits_policy=policy), dev)
         with audit.recording(dev) as rec:
             Runner(m, [2, 8], "graph").capture(record=rec)
@@ -409,3 +410,36 @@ def test_cuda_model_configurations():
         if not racy:
             assert rep.ok, (dtype, overlap, policy, str(rep))
         assert torch._C._len_torch_dispatch_stack() == 0
+
+
+# the gpu profile's model (small cache): its captures alias the logits with the MLP on the H200
+GPU_MODEL = dict(heads=64, dim=128, topk=512, max_ctx=65536, d_model=4096, ffn=32768, num_pages=512, vocab=4096)
+
+
+@pytest.mark.gpu
+@gpu
+def test_cuda_sanitizer_misses_the_reuse_race_that_the_audit_names():
+    from nblib import csan
+    from nblib.device import get
+    dev = get("cuda")
+    buckets = [2, 8, 32, 64]
+    m = DecodeModel(ModelConfig(**GPU_MODEL), dev)
+    with audit.recording(dev) as rec:
+        Runner(m, buckets, "graph").capture(record=rec)
+    rep = rec.report(names=m.captures)
+    assert any(h.reused and h.first_access.alloc.name == "indexer.logits" for h in rep.hazards), str(rep)
+    del m
+    r = csan.sanitize(GPU_MODEL, buckets)
+    assert r["control"]["reported"], r            # CSAN works: it reports its own documentation race
+    assert r["errors"] == [] and r["captured"] == buckets, r   # and is blind to the freed-and-reused block
+    assert "CSAN reported nothing" in csan.describe(r, rep)
+
+
+def test_csan_without_a_gpu_fails_in_one_line_before_starting_a_child(monkeypatch):
+    import subprocess
+    from nblib import csan
+    if torch.cuda.is_available():
+        pytest.skip("CSAN runs where there is CUDA")
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: pytest.fail("started a child process"))
+    with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
+        csan.sanitize(TINY, [2])

@@ -3,6 +3,7 @@ import json
 
 from nblib import params as P
 from nblib import suite
+from nblib.model import LOGITS_POLICIES
 
 CI = P.ROOT / "params" / "ci.yaml"
 
@@ -13,7 +14,7 @@ def test_notebook_03_names_the_race_where_it_corrupts_and_nowhere_else(tmp_path)
     assert res["status"] == "ok" and res["backend"] == "sim"
     assert all(c["holds"] for c in res["checks"]), res["checks"]
     rows = res["toggles"]
-    assert len(rows) == 2 * 2 * 2 * len(res["params"]["buckets"])
+    assert len(rows) == len(LOGITS_POLICIES) * 2 * 2 * len(res["params"]["buckets"])
     assert any(r["corrupted_sessions"] for r in rows)                 # the bug shows somewhere ...
     for r in rows:
         racy = r["index_dtype"] == "bf16" and r["logits_policy"] == "transient" and r["overlap"] == "on"

@@ -1,0 +1,101 @@
+"""PyTorch's CUDA sanitizer (torch.cuda._sanitizer, "CSAN") on the same captures, for comparison.
+
+    r = csan.sanitize(model, buckets, index_dtype="bf16", overlap="on", logits_policy="transient")
+    r["errors"], r["raised_at"], r["control"]
+
+CSAN keeps each tensor's accesses from its allocation to its free and drops them at the free. The
+race here goes through a freed block: the side stream still writes the logits after the main stream
+freed them and handed the bytes to the MLP. To CSAN the MLP's tensor is a new tensor with no
+history, so it has nothing to compare. The positive control is its own documentation example,
+an unsynchronised write on a second stream, so a silent CSAN in the capture is not a broken CSAN.
+
+CSAN installs process-wide hooks that cannot be removed, so it runs in a child process; it raises
+at the first racing kernel, which ends that capture.
+"""
+import json
+import os
+import subprocess
+import sys
+import time
+
+
+def sanitize(model, buckets, index_dtype="bf16", overlap="on", logits_policy="transient", timeout=600):
+    """Capture every bucket of one configuration with CSAN enabled, in a child process."""
+    from nblib import device
+    device.get("cuda")                     # no GPU: one line now, not a child's traceback
+    spec = dict(model=model, buckets=list(buckets), index_dtype=index_dtype, overlap=overlap,
+                logits_policy=logits_policy)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
+    p = subprocess.run([sys.executable, "-m", "nblib.csan", json.dumps(spec)], capture_output=True,
+                       text=True, timeout=timeout, cwd=root, env=env)
+    lines = [x for x in p.stdout.splitlines() if x.startswith("{")]
+    if p.returncode != 0 or not lines:
+        raise RuntimeError(f"the CSAN child process failed (exit {p.returncode}): {p.stderr.strip()[-1500:]}")
+    return json.loads(lines[-1])
+
+
+def _errors(e):
+    return [dict(kind=type(x).__name__, text=str(x)[:3000]) for x in getattr(e, "errors", [])]
+
+
+def _control():
+    """CSAN's documentation example: a tensor written on a new stream without a sync. It must report."""
+    import torch
+    from torch.cuda._sanitizer import CUDASanitizerErrors
+    a = torch.rand(4, 2, device="cuda")
+    try:
+        with torch.cuda.stream(torch.cuda.Stream()):
+            torch.mul(a, 5, out=a)
+    except CUDASanitizerErrors as e:
+        return dict(reported=True, errors=len(e.errors))
+    return dict(reported=False, errors=0)
+
+
+def _child(spec):
+    import torch
+    from torch.cuda._sanitizer import CUDASanitizerErrors, enable_cuda_sanitizer
+    from nblib import device
+    from nblib.model import DecodeModel, ModelConfig
+    from nblib.runner import Runner
+    enable_cuda_sanitizer()
+    out = dict(spec, errors=[], raised_at=None, captured=[])
+    dev = device.get("cuda")
+    m = DecodeModel(ModelConfig(**spec["model"], index_dtype=spec["index_dtype"], overlap=spec["overlap"],
+                                logits_policy=spec["logits_policy"]), dev)
+    t0 = time.perf_counter()
+
+    @__import__("contextlib").contextmanager
+    def note(bucket):
+        yield
+        out["captured"].append(bucket)
+
+    try:
+        Runner(m, spec["buckets"], "graph").capture(record=note)
+    except CUDASanitizerErrors as e:
+        out["errors"] = _errors(e)
+        out["raised_at"] = f"bucket {m.bucket}" if m.bucket is not None else "warm-up (eager)"
+    out["seconds"] = round(time.perf_counter() - t0, 2)
+    torch.cuda.synchronize()
+    out["control"] = _control()
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    _child(json.loads(sys.argv[1]))
+
+
+def describe(r, report=None):
+    """One sentence: what CSAN reported on the captures, beside what the audit named."""
+    ctl = ("its control race (an unsynchronised write on a second stream) was reported"
+           if r["control"]["reported"] else "it did NOT report its own control race, so its silence means nothing")
+    if r["errors"]:
+        got = f"CSAN raised {len(r['errors'])} error(s) at {r['raised_at']} ({r['errors'][0]['kind']})"
+    else:
+        got = f"CSAN reported nothing over the captures of buckets {r['captured']}"
+    s = f"{got}; {ctl}"
+    if report is not None:
+        named = sorted({h.bucket for h in report.hazards if h.reused})
+        s += (f". The audit named a freed-and-reused race in buckets {named}" if named
+              else ". The audit named no freed-and-reused race in this configuration")
+    return s + "."

@@ -1,0 +1,237 @@
+"""The fix, proved: the buggy overlap against overlap off, the persistent buffer and record_stream.
+
+    plan = fix.plan(buggy_rows, target=0.01)            # sessions each fix needs, per racy bucket
+    rows = fix.corruption(dev, model, buckets, workload, variants, sessions)
+    reports = fix.audits(dev, model, buckets, variants)
+    times = fix.step_times(dev, model, buckets, variants, replays=200)
+    cks = fix.checks(rows, reports, times, target); fix.verdict(cks, ...)
+
+A fix is proved when (1) it corrupts no session where the buggy overlap does, over enough sessions
+that the Wilson 95 % upper bound on its rate is below the target; (2) the capture audit finds no race
+in it; (3) its decode step keeps the overlap's speed: within 5 % of the buggy overlap's time, and
+faster than overlap off wherever the overlap helps at all.
+"""
+import gc
+import math
+import statistics
+
+from nblib import stats
+from nblib.model import DecodeModel, ModelConfig
+from nblib.overhead import full_batch, timer
+from nblib.runner import Runner
+from nblib.workload import WorkloadConfig, in_bucket, run_sessions
+
+VARIANTS = {
+    "buggy overlap": dict(overlap="on", logits_policy="transient"),
+    "overlap off": dict(overlap="off", logits_policy="transient"),
+    "persistent buffer": dict(overlap="on", logits_policy="persistent"),
+    "record_stream": dict(overlap="on", logits_policy="record_stream"),
+}
+BUGGY = "buggy overlap"
+FIXES = ("persistent buffer", "record_stream")
+SPEED_TOLERANCE = 0.05   # the fix may cost at most 5 % over the buggy overlap
+HELPS = 0.02             # overlap "helps" at a bucket when overlap off is > 2 % slower
+
+
+def check_variants(variants):
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown or BUGGY not in variants:
+        raise ValueError(f"variants must include {BUGGY!r} and come from {', '.join(VARIANTS)}; got {variants}")
+    return list(variants)
+
+
+def _model(dev, model, variant, index_dtype):
+    return DecodeModel(ModelConfig(**model, index_dtype=index_dtype, **VARIANTS[variant]), dev)
+
+
+def run_variant(dev, model, buckets, workload, variant, sessions=None, index_dtype="bf16", progress=print):
+    """Corruption rows for one variant: {bucket: sessions} (or None: the workload's own) per bucket."""
+    m = _model(dev, model, variant, index_dtype)
+    runner = Runner(m, buckets, "graph").capture()
+    rows = []
+    for b in sorted(buckets):
+        n = (sessions or {}).get(b, workload["sessions"])
+        r = run_sessions(runner, WorkloadConfig(**{**workload, "sessions": n, "concurrency": b}))
+        rows.append(dict(variant=variant, bucket=b, **in_bucket(r, b)))
+        if progress:
+            progress(f"{variant:18s} bucket {b:3d}: corrupted {rows[-1]['corrupted_sessions']}/{rows[-1]['sessions']}")
+    del runner, m
+    gc.collect()
+    return rows
+
+
+def plan(buggy_rows, target=0.01, margin=1.1, min_bucket=2):
+    """Sessions per bucket for each fix: enough, pooled over the buckets where the buggy overlap
+    corrupted (or over all buckets >= min_bucket if it corrupted nowhere), for the Wilson upper
+    bound at zero failures to fall below `target`. Decided from the buggy run only."""
+    need = stats.zero_failure_sessions(target, method="wilson")
+    racy = sorted(r["bucket"] for r in buggy_rows if r["corrupted_sessions"])
+    where = racy or sorted(r["bucket"] for r in buggy_rows if r["bucket"] >= min_bucket)
+    per = math.ceil(need * margin / max(1, len(where)))
+    return dict(needed=need, target=target, racy_buckets=racy, pooled_buckets=where,
+                sessions={b: per for b in where})
+
+
+def pooled(rows, buckets):
+    """Per variant: corrupted sessions over `buckets`, with the Wilson interval."""
+    out = []
+    for v in dict.fromkeys(r["variant"] for r in rows):
+        sel = [r for r in rows if r["variant"] == v and r["bucket"] in buckets]
+        k, n = sum(r["corrupted_sessions"] for r in sel), sum(r["sessions"] for r in sel)
+        s = stats.rate(k, n)
+        out.append(dict(variant=v, buckets=list(buckets), corrupted_sessions=k, sessions=n,
+                        rate=s["rate"], lo=s["lo"], hi=s["hi"]))
+    return out
+
+
+def audits(dev, model, buckets, variants, index_dtype="bf16"):
+    """The capture audit of every bucket of each variant: {variant: Report}."""
+    from nblib import audit
+    out = {}
+    for v in variants:
+        m = _model(dev, model, v, index_dtype)
+        with audit.recording(dev) as rec:
+            Runner(m, buckets, "graph").capture(record=rec)
+        out[v] = rec.report(names=m.captures)
+        del m
+        gc.collect()
+    return out
+
+
+def step_times(dev, model, buckets, variants, replays=200, warmup=10, index_dtype="bf16", seed=0):
+    """Decode-step (graph replay) time per bucket and variant: a full batch at half the longest
+    context, `replays` timed replays after `warmup`; median and quartiles in ms."""
+    method, measure = timer(dev)
+    rows = []
+    for v in variants:
+        m = _model(dev, model, v, index_dtype)
+        runner = Runner(m, buckets, "graph").capture()
+        for b in sorted(buckets):
+            args = full_batch(m, b, seed)
+            runner.run(*args)
+            ts = [measure(lambda: runner.run(*args)) for _ in range(warmup + replays)][warmup:]
+            q = statistics.quantiles(ts, n=4)
+            rows.append(dict(variant=v, bucket=b, median_ms=statistics.median(ts), q1_ms=q[0], q3_ms=q[2],
+                             replays=replays, method=method))
+        del runner, m
+        gc.collect()
+    return rows
+
+
+def branches(dev, model, buckets, replays=50, warmup=5, index_dtype="bf16", seed=0):
+    """The two branches the overlap runs side by side, each timed alone (eager, one stream) on the
+    same full batch: the indexer (logits + top-k) and the MLP. The overlap can hide at most the
+    shorter one."""
+    _, measure = timer(dev)
+    m = _model(dev, model, "overlap off", index_dtype)
+    rows = []
+    for b in sorted(buckets):
+        tokens, table, lens, _ = full_batch(m, b, seed)
+        x = m.embed[tokens]
+        q = (x @ m.w_q).view(-1, m.cfg.heads, m.cfg.dim)
+        w = (x @ m.w_head).float()
+        row = dict(bucket=b)
+        for name, fn in (("indexer", lambda: m.indexer(q, w, table, lens, None)), ("mlp", lambda: m.mlp(x))):
+            ts = [measure(fn) for _ in range(warmup + replays)][warmup:]
+            row[f"{name}_ms"] = statistics.median(ts)
+        rows.append(row)
+    del m
+    gc.collect()
+    return rows
+
+
+def speed(times):
+    """Per bucket: each variant's median relative to the buggy overlap's, and whether overlap helps."""
+    out = []
+    for b in sorted({t["bucket"] for t in times}):
+        t = {x["variant"]: x["median_ms"] for x in times if x["bucket"] == b}
+        row = dict(bucket=b, **{f"{v} ms": t[v] for v in t})
+        base = t.get(BUGGY)
+        for v in t:
+            if v != BUGGY and base:
+                row[f"{v} / buggy"] = t[v] / base
+        if base and "overlap off" in t:
+            row["overlap gain"] = t["overlap off"] / base - 1
+            row["overlap helps"] = row["overlap gain"] > HELPS
+        out.append(row)
+    return out
+
+
+def checks(rows, plan_, reports, speed_rows, fixes=FIXES, gpu_times=True):
+    """What the fix must show, checked on the measured data. gpu_times False (the simulator: the
+    times are the Python model's host time): the speed checks are listed with holds None."""
+    pool = {p["variant"]: p for p in pooled(rows, plan_["pooled_buckets"])}
+    out = []
+    for f in fixes:
+        p = pool.get(f)
+        if p is None:
+            continue
+        out.append(dict(check=f"{f}: 0 corrupted sessions, upper bound < {100 * plan_['target']:g}%",
+                        measured=f"{p['corrupted_sessions']}/{p['sessions']} (upper {100 * p['hi']:.2f}%)",
+                        holds=p["corrupted_sessions"] == 0 and p["hi"] < plan_["target"]))
+    for v, rep in reports.items():
+        want = v == BUGGY
+        out.append(dict(check=f"{v}: the audit {'names a race' if want else 'finds no race'}",
+                        measured=rep.summary(), holds=(not rep.ok) == want))
+    helps = [s for s in speed_rows if s.get("overlap helps")]
+    speed_checks = []
+    for f in fixes:
+        key = f"{f} / buggy"
+        got = [s for s in speed_rows if key in s]
+        if not got:
+            continue
+        worst = max(got, key=lambda s: s[key])
+        speed_checks.append(dict(check=f"{f}: decode step within {100 * SPEED_TOLERANCE:g}% of the buggy overlap's",
+                                 measured=f"worst {worst[key]:.3f}x at bucket {worst['bucket']}",
+                                 holds=worst[key] <= 1 + SPEED_TOLERANCE))
+        if helps:
+            slower = [s for s in helps if s[f"{f} ms"] >= s["overlap off ms"]]
+            speed_checks.append(dict(check=f"{f}: faster than overlap off where the overlap helps",
+                                     measured=f"buckets {[s['bucket'] for s in helps]}; not faster at "
+                                              f"{[s['bucket'] for s in slower] or 'none'}", holds=not slower))
+    if not gpu_times:
+        for c in speed_checks:
+            c.update(holds=None, measured=c["measured"] + " (simulator host time: not judged)")
+    return out + speed_checks
+
+
+def overlap_story(speed_rows, branch_rows):
+    """Per bucket: what the overlap could hide (the shorter branch alone) and what it did hide
+    (overlap off minus buggy overlap); one sentence, saying so when it helps nowhere."""
+    br = {r["bucket"]: r for r in branch_rows}
+    rows = []
+    for s in speed_rows:
+        b = br.get(s["bucket"])
+        if b is None or "overlap off ms" not in s:
+            continue
+        rows.append(dict(bucket=s["bucket"], indexer_ms=b["indexer_ms"], mlp_ms=b["mlp_ms"],
+                         could_hide_ms=min(b["indexer_ms"], b["mlp_ms"]),
+                         hidden_ms=s["overlap off ms"] - s[f"{BUGGY} ms"], helps=s["overlap helps"]))
+    helps = [r["bucket"] for r in rows if r["helps"]]
+    detail = ", ".join(f"bucket {r['bucket']}: hid {r['hidden_ms']:.3f} of {r['could_hide_ms']:.3f} ms"
+                       for r in rows)
+    if helps:
+        text = f"the overlap helps at buckets {helps} (more than {100 * HELPS:g}% faster than overlap off); {detail}"
+    else:
+        text = (f"the overlap helps at no bucket (no bucket is more than {100 * HELPS:g}% faster with it): "
+                f"{detail}. Run side by side, the two branches share the GPU, and the shorter one is "
+                f"not hidden behind the longer.")
+    return rows, text
+
+
+def verdict(cks, plan_, pool_rows):
+    bad = [c for c in cks if c["holds"] is False]
+    unjudged = [c for c in cks if c["holds"] is None]
+    buggy = next((p for p in pool_rows if p["variant"] == BUGGY), None)
+    head = ("the bug was not reproduced here, so no fix can be proved against it; "
+            if not plan_["racy_buckets"] else
+            f"the buggy overlap corrupted {buggy['corrupted_sessions']}/{buggy['sessions']} sessions in buckets "
+            f"{plan_['racy_buckets']}; ")
+    fixes = "; ".join(f"{p['variant']} {p['corrupted_sessions']}/{p['sessions']} (95% upper {100 * p['hi']:.2f}%)"
+                      for p in pool_rows if p["variant"] != BUGGY)
+    tail = ("every check holds" if not bad else
+            "checks that FAIL: " + "; ".join(f"{c['check']} ({c['measured']})" for c in bad))
+    if unjudged:
+        tail += (f" ({len(unjudged)} speed check(s) not judged: the simulator's times are the Python "
+                 f"model's host time, not a GPU's)")
+    return f"{head}over the same buckets: {fixes}. {tail}."

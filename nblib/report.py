@@ -1,0 +1,136 @@
+"""The writeup (notebook 05): built from one run's results.json files alone, so every number in it
+is one a notebook measured. A notebook that did not finish shows as missing, never as a finding.
+
+    results = report.load(output_dir)
+    md = report.writeup(results)          # markdown; report.save(output_dir, md) writes writeup.md
+"""
+import os
+from pathlib import Path
+
+from nblib import stats
+
+NOTEBOOKS = ("00_reproduce", "01_canary", "02_graph_vs_eager", "03_stream_overlap", "04_persistent_buffer_fix")
+FIGURES = (("00_matrix_sessions.png", "Corrupted sessions by configuration and bucket (notebook 00)"),
+           ("03_timeline.png", "The two streams of one capture, the racing ops in red (notebook 03)"),
+           ("04_step_times.png", "Decode-step time per bucket, buggy overlap vs the fixes (notebook 04)"))
+
+
+def load(output_dir):
+    """{notebook: its results, or None when missing or not finished (status other than "ok")}."""
+    import json
+    out = {}
+    for name in NOTEBOOKS:
+        try:
+            r = json.loads((Path(output_dir) / f"{name}.results.json").read_text())
+        except (OSError, ValueError):
+            r = None
+        out[name] = r if r and r.get("status") == "ok" else None
+    return out
+
+
+def environment(results):
+    """One row per notebook: where and on which code it ran."""
+    return [dict(notebook=n, status="ok" if r else "missing", device=(r or {}).get("device", "-"),
+                 torch=(r or {}).get("torch", "-"), triton=(r or {}).get("triton", "-"),
+                 commit=str((r or {}).get("commit", "-"))[:12], seconds=(r or {}).get("seconds", "-"))
+            for n, r in results.items()]
+
+
+def same_code(results):
+    commits = {r["commit"] for r in results.values() if r}
+    return len(commits) == 1, sorted(commits)
+
+
+def _rate(k, n):
+    return stats.fmt_rate(k, n) if n else "no sessions"
+
+
+def investigation(results):
+    """The campaign's table: one row per step, each finding computed from that step's results."""
+    r0, r1, r2, r3, r4 = (results[n] for n in NOTEBOOKS)
+    rows = []
+
+    def add(step, question, finding):
+        rows.append(dict(step=step, question=question, finding=finding))
+
+    if r0:
+        bad = [m for m in r0["matrix"] if m["corrupted_sessions"]]
+        where = "; ".join(f"{m['index_dtype']}/{m['mode']}/overlap {m['overlap']}/bucket {m['bucket']} "
+                          f"{_rate(m['corrupted_sessions'], m['sessions'])}" for m in bad) or "nowhere"
+        add("00 symptom matrix", "where does the output go wrong?", f"corrupted: {where}. {r0['verdict']}")
+    else:
+        add("00 symptom matrix", "where does the output go wrong?", "not run in this run")
+    add("01 canary", "is the index-K cache being overwritten?", r1["verdict"] if r1 else "not run in this run")
+    if r2:
+        off, on = r2["pooled"]
+        add("02 graph vs eager", "does the differential see it, and does it change the rate?", r2["verdict"])
+        need = "; ".join(f"baseline {x['baseline']:.3g}: {x['fisher']} sessions per arm" for x in r2["sessions_needed"])
+        add("02 Heisenbug statistics", "how many sessions tell a real change in rate from chance?",
+            f"to detect a rate falling to zero with 80% power (Fisher, alpha 0.05): {need}; to claim a rate below 1% "
+            f"with no failure: {r2['zero_failure_1pct']} sessions. Measured: {_rate(off['corrupted_sessions'], off['sessions'])} "
+            f"off vs {_rate(on['corrupted_sessions'], on['sessions'])} on, Fisher p = {r2['fisher']['p']:.2g}")
+    else:
+        add("02 graph vs eager", "does the differential see it?", "not run in this run")
+    if r3:
+        add("03 overlap toggles", "which knob turns it off?", r3["verdict"])
+        h = r3["hazards"][0] if r3["hazards"] else None
+        named = (f"{h['kind']}: {h['first_op']} ({h['first_stream']}) on {h['first_tensor']} "
+                 f"[alloc {h['first_alloc']}; free {h['first_free']}] vs {h['second_op']} ({h['second_stream']}) on "
+                 f"{h['second_tensor']} [alloc {h['second_alloc']}], bucket {h['bucket']}, {h['nbytes']} bytes"
+                 if h else "no hazard named")
+        csan = r3.get("csan")
+        csan_s = ("" if not csan else
+                  f" PyTorch's CUDA sanitizer on the same captures: "
+                  f"{'%d error(s) at %s' % (len(csan['errors']), csan['raised_at']) if csan['errors'] else 'nothing reported'}"
+                  f" (its control race {'reported' if csan['control']['reported'] else 'NOT reported'}).")
+        add("03 capture audit", "what races, from one capture?",
+            f"{named}. One capture audited in {r3['audit_one_capture_seconds']} s.{csan_s}")
+    else:
+        add("03 overlap toggles / audit", "which knob, which race?", "not run in this run")
+    if r4:
+        add("04 fix", "does the persistent buffer remove it, with confidence?", r4["verdict"])
+        add("04 speed", "does the fix keep the overlap's speed?",
+            r4["overlap_story"] + " " + "; ".join(f"{c['check']}: {c['measured']}"
+                                                  for c in r4["checks"] if "decode step" in c["check"]))
+    else:
+        add("04 fix", "does the fix remove it?", "not run in this run")
+    return rows
+
+
+def figures(output_dir):
+    return [(f, cap) for f, cap in FIGURES if (Path(output_dir) / f).exists()]
+
+
+def writeup(results, output_dir):
+    """The whole writeup as markdown (tables, figure links, environment)."""
+    from nblib.show import markdown_table
+    ran = [n for n, r in results.items() if r]
+    first = results[ran[0]] if ran else {}
+    same, commits = same_code(results)
+    parts = [f"# Capture-corruption investigation: {Path(output_dir).name}",
+             f"Backend {first.get('backend', '-')}, device {first.get('device', '-')}, "
+             f"{len(ran)} of {len(NOTEBOOKS)} notebooks finished. "
+             + ("All ran on commit " + commits[0][:12] + "." if same and commits else
+                f"They ran on {len(commits)} different commits: {', '.join(c[:12] for c in commits)}."),
+             "## The investigation", markdown_table(investigation(results), ["step", "question", "finding"])]
+    if results["04_persistent_buffer_fix"]:
+        r4 = results["04_persistent_buffer_fix"]
+        parts += ["## The fix", markdown_table(r4["pooled"], ["variant", "buckets", "corrupted_sessions", "sessions",
+                                                             "rate", "lo", "hi"]),
+                  markdown_table(r4["checks"], ["check", "measured", "holds"]),
+                  "## Speed (decode step, median ms)", markdown_table(r4["speed"])]
+    if results["00_reproduce"]:
+        parts += ["## The fingerprint (notebook 00)",
+                  markdown_table(results["00_reproduce"]["fingerprint"],
+                                 ["check", "corrupted", "sessions", "upper95", "holds", "expected"])]
+    parts += ["## Figures"] + [f"![{cap}]({f})\n\n*{cap}*" for f, cap in figures(output_dir)]
+    parts += ["## Environment", markdown_table(environment(results))]
+    return "\n\n".join(parts) + "\n"
+
+
+def save(output_dir, text, name="writeup.md"):
+    path = Path(output_dir) / name
+    tmp = path.with_suffix(".md.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+    return path
