@@ -14,6 +14,7 @@ at the first racing kernel, which ends that capture.
 """
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -30,13 +31,24 @@ def sanitize(model, buckets, index_dtype="bf16", overlap="on", logits_policy="tr
     p = subprocess.run([sys.executable, "-m", "nblib.csan", json.dumps(spec)], capture_output=True,
                        text=True, timeout=timeout, cwd=root, env=env)
     lines = [x for x in p.stdout.splitlines() if x.startswith("{")]
-    if p.returncode != 0 or not lines:
-        raise RuntimeError(f"the CSAN child process failed (exit {p.returncode}): {p.stderr.strip()[-1500:]}")
-    return json.loads(lines[-1])
+    if not lines:
+        raise RuntimeError(f"the CSAN child process failed (exit {p.returncode}): {p.stderr.strip()[-3000:]}")
+    r = json.loads(lines[-1])
+    r.setdefault("control", dict(reported=None, errors=0, failed=f"the child exited {p.returncode} before it ran"))
+    return r
+
+
+_GIST = re.compile(r"data race on tensor|[Aa]ccess by stream|during kernel|writing to|reading from")
 
 
 def _errors(e):
-    return [dict(kind=type(x).__name__, text=str(x)[:3000]) for x in getattr(e, "errors", [])]
+    """Each CSAN error: its kind, its gist (the racing kernels and arguments) and its full text."""
+    out = []
+    for x in getattr(e, "errors", []):
+        text = str(x)
+        gist = [ln.strip() for ln in text.splitlines() if _GIST.search(ln)][:6]
+        out.append(dict(kind=type(x).__name__, gist=gist, text=text[:4000]))
+    return out
 
 
 def _control():
@@ -72,12 +84,22 @@ def _child(spec):
 
     try:
         Runner(m, spec["buckets"], "graph").capture(record=note)
-    except CUDASanitizerErrors as e:
-        out["errors"] = _errors(e)
+    except Exception as e:   # CSAN raises inside the capture; capture_end then fails on top of it
+        found = e
+        while found is not None and not isinstance(found, CUDASanitizerErrors):
+            found = found.__context__
+        if found is None:
+            raise
+        out["errors"] = _errors(found)
         out["raised_at"] = f"bucket {m.bucket}" if m.bucket is not None else "warm-up (eager)"
+        out["capture_error"] = f"{type(e).__name__}: {str(e).splitlines()[0]}" if e is not found else None
     out["seconds"] = round(time.perf_counter() - t0, 2)
-    torch.cuda.synchronize()
-    out["control"] = _control()
+    print(json.dumps(out), flush=True)   # before the control: a broken capture may poison the context
+    try:
+        torch.cuda.synchronize()
+        out["control"] = _control()
+    except Exception as e:
+        out["control"] = dict(reported=None, errors=0, failed=f"{type(e).__name__}: {str(e).splitlines()[0]}")
     print(json.dumps(out))
 
 
@@ -87,10 +109,15 @@ if __name__ == "__main__":
 
 def describe(r, report=None):
     """One sentence: what CSAN reported on the captures, beside what the audit named."""
-    ctl = ("its control race (an unsynchronised write on a second stream) was reported"
-           if r["control"]["reported"] else "it did NOT report its own control race, so its silence means nothing")
+    if r.get("failed"):
+        return f"CSAN could not be run: {r['failed']}"
+    c = r.get("control") or {}
+    ctl = ("its control race (an unsynchronised write on a second stream) was reported" if c.get("reported")
+           else f"its control race could not be run ({c.get('failed')})" if c.get("reported") is None
+           else "it did NOT report its own control race, so its silence means nothing")
     if r["errors"]:
-        got = f"CSAN raised {len(r['errors'])} error(s) at {r['raised_at']} ({r['errors'][0]['kind']})"
+        got = (f"CSAN raised {len(r['errors'])} error(s) at {r['raised_at']}, which ended that capture: "
+               + " / ".join(r["errors"][0].get("gist", [])))
     else:
         got = f"CSAN reported nothing over the captures of buckets {r['captured']}"
     s = f"{got}; {ctl}"

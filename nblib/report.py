@@ -78,11 +78,7 @@ def investigation(results):
                  f"[alloc {h['first_alloc']}; free {h['first_free']}] vs {h['second_op']} ({h['second_stream']}) on "
                  f"{h['second_tensor']} [alloc {h['second_alloc']}], bucket {h['bucket']}, {h['nbytes']} bytes"
                  if h else "no hazard named")
-        csan = r3.get("csan")
-        csan_s = ("" if not csan else
-                  f" PyTorch's CUDA sanitizer on the same captures: "
-                  f"{'%d error(s) at %s' % (len(csan['errors']), csan['raised_at']) if csan['errors'] else 'nothing reported'}"
-                  f" (its control race {'reported' if csan['control']['reported'] else 'NOT reported'}).")
+        csan_s = f" PyTorch's CUDA sanitizer on the same captures: {r3['csan_verdict']}" if r3.get("csan_verdict") else ""
         add("03 capture audit", "what races, from one capture?",
             f"{named}. One capture audited in {r3['audit_one_capture_seconds']} s.{csan_s}")
     else:
