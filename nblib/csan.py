@@ -34,8 +34,12 @@ def sanitize(model, buckets, index_dtype="bf16", overlap="on", logits_policy="tr
     if not lines:
         raise RuntimeError(f"the CSAN child process failed (exit {p.returncode}): {p.stderr.strip()[-3000:]}")
     r = json.loads(lines[-1])
-    r.setdefault("control", dict(reported=None, errors=0, failed=f"the child exited {p.returncode} before it ran"))
     return r
+
+
+def compare(model, buckets, policies=("transient", "record_stream", "persistent"), index_dtype="bf16"):
+    """CSAN on the buggy configuration and on the two fixes (overlap on), one child process each."""
+    return [sanitize(model, buckets, index_dtype, "on", p) for p in policies]
 
 
 _GIST = re.compile(r"data race on tensor|[Aa]ccess by stream|during kernel|writing to|reading from")
@@ -71,7 +75,8 @@ def _child(spec):
     from nblib.model import DecodeModel, ModelConfig
     from nblib.runner import Runner
     enable_cuda_sanitizer()
-    out = dict(spec, errors=[], raised_at=None, captured=[])
+    out = dict(spec, errors=[], raised_at=None, captured=[], control=_control())
+    torch.cuda.synchronize()
     dev = device.get("cuda")
     m = DecodeModel(ModelConfig(**spec["model"], index_dtype=spec["index_dtype"], overlap=spec["overlap"],
                                 logits_policy=spec["logits_policy"]), dev)
@@ -94,12 +99,6 @@ def _child(spec):
         out["raised_at"] = f"bucket {m.bucket}" if m.bucket is not None else "warm-up (eager)"
         out["capture_error"] = f"{type(e).__name__}: {str(e).splitlines()[0]}" if e is not found else None
     out["seconds"] = round(time.perf_counter() - t0, 2)
-    print(json.dumps(out), flush=True)   # before the control: a broken capture may poison the context
-    try:
-        torch.cuda.synchronize()
-        out["control"] = _control()
-    except Exception as e:
-        out["control"] = dict(reported=None, errors=0, failed=f"{type(e).__name__}: {str(e).splitlines()[0]}")
     print(json.dumps(out))
 
 
@@ -107,22 +106,33 @@ if __name__ == "__main__":
     _child(json.loads(sys.argv[1]))
 
 
-def describe(r, report=None):
-    """One sentence: what CSAN reported on the captures, beside what the audit named."""
-    if r.get("failed"):
-        return f"CSAN could not be run: {r['failed']}"
-    c = r.get("control") or {}
-    ctl = ("its control race (an unsynchronised write on a second stream) was reported" if c.get("reported")
-           else f"its control race could not be run ({c.get('failed')})" if c.get("reported") is None
-           else "it did NOT report its own control race, so its silence means nothing")
-    if r["errors"]:
-        got = (f"CSAN raised {len(r['errors'])} error(s) at {r['raised_at']}, which ended that capture: "
-               + " / ".join(r["errors"][0].get("gist", [])))
-    else:
-        got = f"CSAN reported nothing over the captures of buckets {r['captured']}"
-    s = f"{got}; {ctl}"
-    if report is not None:
-        named = sorted({h.bucket for h in report.hazards if h.reused})
-        s += (f". The audit named a freed-and-reused race in buckets {named}" if named
-              else ". The audit named no freed-and-reused race in this configuration")
-    return s + "."
+def kernels(err):
+    """The two kernels a CSAN error names, e.g. ('csi::indexer_logits_bf16', 'aten::empty.memory_format')."""
+    lines = err["text"].splitlines()
+    return tuple(lines[i + 1].split("(")[0] for i, ln in enumerate(lines[:-1]) if ln.endswith("during kernel:"))
+
+
+def row(r):
+    """A table row for one CSAN run."""
+    e = (r.get("errors") or [None])[0]
+    return dict(logits_policy=r.get("logits_policy"), csan="failed to run" if r.get("failed") else
+                "error" if e else "nothing", kernels=" vs ".join(kernels(e)) if e else "",
+                where=r.get("raised_at") or "", captured=r.get("captured"),
+                control=(r.get("control") or {}).get("reported"))
+
+
+def describe(runs, audit_ok=None):
+    """One sentence over the CSAN runs (csan.compare), beside the audit's verdicts {policy: ok}."""
+    parts = []
+    for r in runs:
+        x = row(r)
+        if x["csan"] == "failed to run":
+            parts.append(f"{x['logits_policy']}: CSAN could not be run ({r['failed'][-200:]})")
+            continue
+        ctl = "" if x["control"] else " (and it missed its own control race, so this means nothing)"
+        got = (f"error at {x['where']}, {x['kernels']}, which aborted the capture" if x["csan"] == "error"
+               else f"nothing over buckets {x['captured']}")
+        aud = ("" if audit_ok is None or x["logits_policy"] not in audit_ok else
+               f"; the audit: {'no race' if audit_ok[x['logits_policy']] else 'the reuse race'}")
+        parts.append(f"{x['logits_policy']}: CSAN {got}{ctl}{aud}")
+    return "CSAN on the same captures. " + "; ".join(parts) + "."

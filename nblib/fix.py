@@ -51,8 +51,13 @@ def run_variant(dev, model, buckets, workload, variant, sessions=None, index_dty
     rows = []
     for b in sorted(buckets):
         n = (sessions or {}).get(b, workload["sessions"])
-        r = run_sessions(runner, WorkloadConfig(**{**workload, "sessions": n, "concurrency": b}))
-        rows.append(dict(variant=variant, bucket=b, **in_bucket(r, b)))
+        # more sessions than the profile's: repeat its workload with new seeds, so the cache pages the
+        # profile sized for its concurrent sessions still suffice
+        chunks = [min(workload["sessions"], n - i) for i in range(0, n, workload["sessions"])]
+        parts = [in_bucket(run_sessions(runner, WorkloadConfig(**{**workload, "sessions": c, "concurrency": b,
+                                                                   "seed": workload.get("seed", 0) + 1000 * k})), b)
+                 for k, c in enumerate(chunks)]
+        rows.append(dict(variant=variant, bucket=b, **{key: sum(p[key] for p in parts) for key in parts[0]}))
         if progress:
             progress(f"{variant:18s} bucket {b:3d}: corrupted {rows[-1]['corrupted_sessions']}/{rows[-1]['sessions']}")
     del runner, m
