@@ -26,7 +26,10 @@ def write_json(path, obj):
 
 
 def commit():
-    """HEAD's hash, with "+dirty" when the working tree differs from it."""
+    """HEAD's hash, with "+dirty" when the working tree differs from it. NBLIB_COMMIT, when set,
+    wins: a copy of the tree on another machine (the device) may carry a stale .git."""
+    if os.environ.get("NBLIB_COMMIT", "unknown") != "unknown":
+        return os.environ["NBLIB_COMMIT"]
     root = Path(__file__).resolve().parent.parent
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,

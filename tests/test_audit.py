@@ -418,17 +418,18 @@ GPU_MODEL = dict(heads=64, dim=128, topk=512, max_ctx=65536, d_model=4096, ffn=3
 
 @pytest.mark.gpu
 @gpu
-def test_cuda_sanitizer_flags_the_hand_off_not_the_reuse():
-    """CSAN (each run in its own process) reports its control race, flags the buggy capture and the
-    record_stream fix alike at the logits' hand-off (torch.empty on main, the indexer's write on
-    side), and passes the persistent buffer: it cannot tell the race from the fix."""
+def test_cuda_sanitizer_cannot_tell_the_race_from_the_fixes():
+    """CSAN (each run in its own process) reports its control race; it flags the buggy capture and
+    the record_stream fix alike at the logits' hand-off (torch.empty on main, the indexer's write
+    on side), and flags the persistent buffer too, after a capture whose side-stream work it never
+    sees joined. The audit (test_cuda_model_configurations) separates all three."""
     from nblib import csan
     runs = {r["logits_policy"]: r for r in csan.compare(GPU_MODEL, [2, 32, 64])}
     assert all(r["control"]["reported"] for r in runs.values()), runs
     for p in ("transient", "record_stream"):
-        assert runs[p]["errors"], runs[p]
         assert csan.kernels(runs[p]["errors"][0]) == ("csi::indexer_logits_bf16", "aten::empty.memory_format")
-    assert runs["persistent"]["errors"] == [] and runs["persistent"]["captured"] == [64, 32, 2]
+    assert runs["persistent"]["errors"], runs["persistent"]
+    assert csan.describe(list(runs.values())).startswith("CSAN gives the bug and the fixes the same verdict")
 
 
 def test_csan_without_a_gpu_fails_in_one_line_before_starting_a_child(monkeypatch):
