@@ -29,3 +29,13 @@ def eager_dev():
 @pytest.fixture
 def tiny_model(eager_dev):
     return DecodeModel(ModelConfig(**TINY), eager_dev)
+
+
+@pytest.fixture(scope="session")
+def ci_suite(tmp_path_factory):
+    """The main job on the ci profile, every notebook 00 to 05, once per test session (as CI runs it)."""
+    from nblib import params as P
+    from nblib import suite
+    out = tmp_path_factory.mktemp("ci_suite")
+    suite.run(P.ROOT / "params" / "ci.yaml", out)
+    return out

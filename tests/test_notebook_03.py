@@ -8,8 +8,8 @@ from nblib.model import LOGITS_POLICIES
 CI = P.ROOT / "params" / "ci.yaml"
 
 
-def test_notebook_03_names_the_race_where_it_corrupts_and_nowhere_else(tmp_path):
-    suite.run(CI, tmp_path, only=["03"])
+def test_notebook_03_names_the_race_where_it_corrupts_and_nowhere_else(ci_suite):
+    tmp_path = ci_suite
     res = json.loads((tmp_path / "03_stream_overlap.results.json").read_text())
     assert res["status"] == "ok" and res["backend"] == "sim"
     assert all(c["holds"] for c in res["checks"]), res["checks"]

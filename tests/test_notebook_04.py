@@ -7,8 +7,8 @@ from nblib import suite
 CI = P.ROOT / "params" / "ci.yaml"
 
 
-def test_notebook_04_proves_the_fixes_on_the_simulator(tmp_path):
-    suite.run(CI, tmp_path, only=["04"])
+def test_notebook_04_proves_the_fixes_on_the_simulator(ci_suite):
+    tmp_path = ci_suite
     res = json.loads((tmp_path / "04_persistent_buffer_fix.results.json").read_text())
     assert res["status"] == "ok" and res["backend"] == "sim"
     plan = res["plan"]

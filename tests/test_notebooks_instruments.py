@@ -9,11 +9,9 @@ from nblib import suite
 CI = P.ROOT / "params" / "ci.yaml"
 
 
-@pytest.fixture(scope="module")
-def ci_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("ci_instruments")
-    suite.run(CI, out, only=["01", "02"])
-    return out
+@pytest.fixture
+def ci_run(ci_suite):
+    return ci_suite
 
 
 def test_notebook_01_canary(ci_run):
