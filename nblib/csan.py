@@ -12,6 +12,7 @@ an unsynchronised write on a second stream, so a silent CSAN in the capture is n
 CSAN installs process-wide hooks that cannot be removed, so it runs in a child process; it raises
 at the first racing kernel, which ends that capture.
 """
+import contextlib
 import json
 import os
 import re
@@ -83,7 +84,7 @@ def _child(spec):
                                 logits_policy=spec["logits_policy"]), dev)
     t0 = time.perf_counter()
 
-    @__import__("contextlib").contextmanager
+    @contextlib.contextmanager
     def note(bucket):
         yield
         out["captured"].append(bucket)

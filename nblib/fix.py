@@ -17,7 +17,7 @@ import statistics
 
 from nblib import stats
 from nblib.model import DecodeModel, ModelConfig
-from nblib.overhead import full_batch, timer
+from nblib.overhead import full_batch, timed, timer
 from nblib.runner import Runner
 from nblib.workload import WorkloadConfig, in_bucket, run_sessions
 
@@ -113,8 +113,7 @@ def step_times(dev, model, buckets, variants, replays=200, warmup=10, index_dtyp
         runner = Runner(m, buckets, "graph").capture()
         for b in sorted(buckets):
             args = full_batch(m, b, seed)
-            runner.run(*args)
-            ts = [measure(lambda: runner.run(*args)) for _ in range(warmup + replays)][warmup:]
+            ts = timed(measure, lambda: runner.run(*args), replays, warmup)
             q = statistics.quantiles(ts, n=4)
             rows.append(dict(variant=v, bucket=b, median_ms=statistics.median(ts), q1_ms=q[0], q3_ms=q[2],
                              replays=replays, method=method))
@@ -137,7 +136,7 @@ def branches(dev, model, buckets, replays=50, warmup=5, index_dtype="bf16", seed
         w = (x @ m.w_head).float()
         row = dict(bucket=b)
         for name, fn in (("indexer", lambda: m.indexer(q, w, table, lens, None)), ("mlp", lambda: m.mlp(x))):
-            ts = [measure(fn) for _ in range(warmup + replays)][warmup:]
+            ts = timed(measure, fn, replays, warmup)
             row[f"{name}_ms"] = statistics.median(ts)
         rows.append(row)
     del m

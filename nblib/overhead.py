@@ -39,6 +39,11 @@ def timer(dev):
     return "time.perf_counter (the simulator's events carry no timing)", measure
 
 
+def timed(measure, fn, replays, warmup):
+    """`replays` measurements of fn (ms), after `warmup` untimed-in-the-result ones."""
+    return [measure(fn) for _ in range(warmup + replays)][warmup:]
+
+
 def full_batch(m, bucket, seed=0):
     """A full bucket of requests at half the longest context, their pages prefilled."""
     per = m.cfg.max_ctx // 2
@@ -77,11 +82,7 @@ def replay_times(dev, model, bucket, replays=50, warmup=5, index_dtype="bf16", o
             runner.run(*args)
             if inst:
                 inst.after(step)
-        times = []
-        for i in range(warmup + replays):
-            t = measure(once)
-            if i >= warmup:
-                times.append(t)
+        times = timed(measure, once, replays, warmup)
         out.append(dict(instrument=name, bucket=bucket, replays=replays, median_ms=statistics.median(times)))
         del runner, m
     base = out[0]["median_ms"]

@@ -10,7 +10,8 @@ from nblib.model import DecodeModel, ModelConfig
 from nblib.runner import Runner
 from nblib.sim import SimDevice, SimGraph
 
-N = 4096
+from miniature import N, reuse_race_step
+
 
 
 def _kinds(rep):
@@ -112,25 +113,7 @@ def race(dev, fix=None):
     x = torch.linspace(-1, 1, N)
 
     def fn():
-        main = dev.current_stream()
-        side.wait_stream(main)
-        if fix == "side_alloc":
-            with dev.stream(side):
-                t = x * 2
-        else:
-            t = x * 2                         # allocated on main ...
-        side.wait_stream(main)
-        with dev.stream(side):
-            pre = (x + 3).exp()
-            r = t + pre                       # ... read on the side stream ...
-        if fix == "record_stream":
-            dev.record_stream(t, side)
-        if fix == "join":
-            main.wait_stream(side)
-        del t                                 # ... freed before the join ...
-        u = torch.empty(N)                    # ... and its bytes go to the main stream's next tensor
-        u.fill_(-100.0)
-        main.wait_stream(side)
+        r, _, _ = reuse_race_step(dev, side, x, fix)
         return r * 1
     if fix == "persistent":
         buf = torch.empty(N)                  # made before capture, outside the graph pool

@@ -338,6 +338,14 @@ def test_custom_op_opcheck():
                           (x["q"], x["w"], x["k"], x["page_table"], x["seq_lens"], out))
 
 
+def _run_without_interpreter(code, timeout):
+    """python -c code from the repository root, in a process without TRITON_INTERPRET."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
 def test_import_and_cpu_op_without_interpreter():
     code = (
         "import torch, kernels.indexer as ix\n"
@@ -346,9 +354,7 @@ def test_import_and_cpu_op_without_interpreter():
         "ix.indexer_logits_bf16(x['q'].bfloat16(), x['w'], x['k'].bfloat16(), x['page_table'], x['seq_lens'], out)\n"
         "assert not out.isnan().any() and out.isneginf().sum() == 58 + 123\n"
     )
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    r = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True, timeout=120)
+    r = _run_without_interpreter(code, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
 
 
@@ -408,7 +414,5 @@ def test_gpu_check_both_dtypes():
         " dict(bs=2, seq_lens=[200, 17], heads=8, max_len=1024)]:\n"
         "    print(c, ix.check('cuda', **c))\n"
     )
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    r = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    r = _run_without_interpreter(code, timeout=600)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]

@@ -8,6 +8,8 @@ import torch
 
 from nblib.sim import MB, CachingAllocator, SimCaptureError, SimDevice, allocation_size, round_size
 
+from miniature import N, reuse_race_step
+
 A, B = "streamA", "streamB"     # the allocator used alone keys blocks by any hashable stream
 
 
@@ -293,35 +295,13 @@ def test_events_order_streams():
 # the race: a main-stream transient consumed on the side stream and freed before the join
 # ------------------------------------------------------------------------------------------------
 
-N = 4096
-
-
 def race(dev, fix=None, replays=200):
     """The engine's pattern in miniature. Returns (the two addresses, [side result correct?])."""
     side = dev.Stream()
     x = torch.linspace(-1, 1, N)
     g = dev.CUDAGraph()
     with dev.graph(g, pool=dev.graph_pool_handle()):
-        main = dev.current_stream()
-        side.wait_stream(main)
-        if fix == "side_alloc":
-            with dev.stream(side):
-                t = x * 2
-        else:
-            t = x * 2                         # allocated on main ...
-        side.wait_stream(main)
-        with dev.stream(side):
-            pre = (x + 3).exp()               # ... the side stream is busy first ...
-            r = t + pre                       # ... then reads t
-        if fix == "record_stream":
-            dev.record_stream(t, side)
-        if fix == "join":
-            main.wait_stream(side)
-        t_addr = t.data_ptr()
-        del t                                 # freed before the join
-        u = torch.empty(N)                    # same size, main stream: t's block
-        u.fill_(-100.0)
-        main.wait_stream(side)
+        r, t_addr, u = reuse_race_step(dev, side, x, fix)
         out = r * 1
     expected = x * 2 + (x + 3).exp()
     ok = []
