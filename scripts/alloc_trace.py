@@ -7,9 +7,9 @@ import sys
 
 import torch
 
-from nblib import device
-from nblib.model import DecodeModel, ModelConfig
-from nblib.runner import Runner
+from nblib.backends import device
+from nblib.engine.model import DecodeModel, ModelConfig
+from nblib.engine.runner import Runner
 
 dev = device.get("cuda")
 ffn = int(sys.argv[2]) if len(sys.argv) > 2 else 32768

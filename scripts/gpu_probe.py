@@ -7,10 +7,10 @@ import time
 
 import torch
 
-from nblib import device
-from nblib.model import DecodeModel, ModelConfig
-from nblib.runner import Runner
-from nblib.workload import WorkloadConfig, run_sessions
+from nblib.backends import device
+from nblib.engine.model import DecodeModel, ModelConfig
+from nblib.engine.runner import Runner
+from nblib.engine.workload import WorkloadConfig, run_sessions
 
 out = sys.argv[1]
 ffns = [int(x) for x in sys.argv[2:]] or [16384, 32768]

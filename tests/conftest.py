@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from nblib.model import DecodeModel, ModelConfig
+from nblib.engine.model import DecodeModel, ModelConfig
 
 TINY = dict(heads=4, dim=128, topk=32, max_ctx=1024, d_model=256, ffn=1024, num_pages=256, vocab=512)
 
@@ -34,8 +34,8 @@ def tiny_model(eager_dev):
 @pytest.fixture(scope="session")
 def ci_suite(tmp_path_factory):
     """The main job on the ci profile, every notebook 00 to 05, once per test session (as CI runs it)."""
-    from nblib import params as P
-    from nblib import suite
+    from nblib.publish import params as P
+    from nblib.publish import suite
     out = tmp_path_factory.mktemp("ci_suite")
     suite.run(P.ROOT / "params" / "ci.yaml", out)
     return out

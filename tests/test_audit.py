@@ -5,10 +5,10 @@ import types
 import pytest
 import torch
 
-from nblib import audit, trace
-from nblib.model import DecodeModel, ModelConfig
-from nblib.runner import Runner
-from nblib.sim import SimDevice, SimGraph
+from nblib.instruments import audit, trace
+from nblib.engine.model import DecodeModel, ModelConfig
+from nblib.engine.runner import Runner
+from nblib.backends.sim import SimDevice, SimGraph
 
 from miniature import N, reuse_race_step
 
@@ -278,7 +278,7 @@ def test_model_configurations(dtype, overlap, policy):
 
 def test_auditing_one_ci_capture_is_fast():
     import time
-    from nblib import params as P
+    from nblib.publish import params as P
     prof = P.load(P.ROOT / "params" / "ci.yaml")
     dev = SimDevice()
     m = DecodeModel(ModelConfig(**prof["model"]), dev)
@@ -358,7 +358,7 @@ def _cuda_race(fix=None):
 @pytest.mark.gpu
 @gpu
 def test_cuda_reuse_race_is_named():
-    from nblib.device import get
+    from nblib.backends.device import get
     dev = get("cuda")
     rep = audit.audit_capture(_cuda_race(), device=dev)
     assert any(h.reused and h.first.stream == "side" and h.second.stream == "main" for h in rep.hazards), str(rep)
@@ -370,7 +370,7 @@ def test_cuda_reuse_race_is_named():
 @gpu
 @pytest.mark.parametrize("fix", ["join", "record_stream"])
 def test_cuda_fixes_are_clean(fix):
-    from nblib.device import get
+    from nblib.backends.device import get
     dev = get("cuda")
     rep = audit.audit_capture(_cuda_race(fix), device=dev)
     assert rep.ok, str(rep)
@@ -379,7 +379,7 @@ def test_cuda_fixes_are_clean(fix):
 @pytest.mark.gpu
 @gpu
 def test_cuda_model_configurations():
-    from nblib.device import get
+    from nblib.backends.device import get
     dev = get("cuda")
     for dtype, overlap, policy in [("bf16", "on", "transient"), ("bf16", "off", "transient"),
                                    ("bf16", "on", "persistent"), ("bf16", "on", "record_stream"),
@@ -406,7 +406,7 @@ def test_cuda_sanitizer_cannot_tell_the_race_from_the_fixes():
     the record_stream fix alike at the logits' hand-off (torch.empty on main, the indexer's write
     on side), and flags the persistent buffer too, after a capture whose side-stream work it never
     sees joined. The audit (test_cuda_model_configurations) separates all three."""
-    from nblib import csan
+    from nblib.instruments import csan
     runs = {r["logits_policy"]: r for r in csan.compare(GPU_MODEL, [2, 32, 64])}
     assert all(r["control"]["reported"] for r in runs.values()), runs
     for p in ("transient", "record_stream"):
@@ -417,7 +417,7 @@ def test_cuda_sanitizer_cannot_tell_the_race_from_the_fixes():
 
 def test_csan_without_a_gpu_fails_in_one_line_before_starting_a_child(monkeypatch):
     import subprocess
-    from nblib import csan
+    from nblib.instruments import csan
     if torch.cuda.is_available():
         pytest.skip("CSAN runs where there is CUDA")
     monkeypatch.setattr(subprocess, "run", lambda *a, **k: pytest.fail("started a child process"))

@@ -2,12 +2,13 @@
 import pytest
 import torch
 
-from nblib import canary, device
-from nblib.canary import Canary, page_checksums
-from nblib.model import DecodeModel, ModelConfig
-from nblib.overhead import full_batch
-from nblib.runner import Runner
-from nblib.workload import WorkloadConfig, run_sessions
+from nblib.instruments import canary
+from nblib.backends import device
+from nblib.instruments.canary import Canary, page_checksums
+from nblib.engine.model import DecodeModel, ModelConfig
+from nblib.instruments.overhead import full_batch
+from nblib.engine.runner import Runner
+from nblib.engine.workload import WorkloadConfig, run_sessions
 
 CI = dict(heads=4, dim=32, topk=16, max_ctx=1024, d_model=256, ffn=1024, num_pages=300, vocab=512)
 W = dict(sessions=6, rounds=2, ctx_min=64, ctx_max=600, turn_ctx=64, out_min=4, out_max=9, think_min=1, think_max=3)

@@ -2,12 +2,13 @@
 import pytest
 import torch
 
-from nblib import device, gediff
-from nblib.gediff import GEDiff
-from nblib.model import DecodeModel, ModelConfig
-from nblib.overhead import full_batch
-from nblib.runner import Runner
-from nblib.workload import WorkloadConfig, run_sessions
+from nblib.backends import device
+from nblib.instruments import gediff
+from nblib.instruments.gediff import GEDiff
+from nblib.engine.model import DecodeModel, ModelConfig
+from nblib.instruments.overhead import full_batch
+from nblib.engine.runner import Runner
+from nblib.engine.workload import WorkloadConfig, run_sessions
 
 from test_canary import CI, W
 

@@ -6,10 +6,11 @@ import shutil
 import pytest
 import yaml
 
-from nblib import params as P
-from nblib import reproduce, suite
-from nblib.model import LOGITS_POLICIES
-from nblib.device import get
+from nblib.publish import params as P
+from nblib.studies import reproduce
+from nblib.publish import suite
+from nblib.engine.model import LOGITS_POLICIES
+from nblib.backends.device import get
 
 CI = P.ROOT / "params" / "ci.yaml"
 

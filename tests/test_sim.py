@@ -6,7 +6,7 @@ import os
 import pytest
 import torch
 
-from nblib.sim import MB, CachingAllocator, SimCaptureError, SimDevice, allocation_size, round_size
+from nblib.backends.sim import MB, CachingAllocator, SimCaptureError, SimDevice, allocation_size, round_size
 
 from miniature import N, reuse_race_step
 
@@ -385,8 +385,8 @@ def _batches(n, bs, gen, max_pages=16, num_pages=256):
 
 
 def _divergent_steps(**knobs):
-    from nblib.model import DecodeModel, ModelConfig
-    from nblib.runner import Runner
+    from nblib.engine.model import DecodeModel, ModelConfig
+    from nblib.engine.runner import Runner
     dev = SimDevice(seed=0)
     m = DecodeModel(ModelConfig(**SIM_TINY, **knobs), dev)
     gen = torch.Generator().manual_seed(0)

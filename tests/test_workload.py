@@ -4,12 +4,13 @@ import pytest
 import torch
 
 from kernels import indexer as kx
-from nblib import device, stats
-from nblib.model import DecodeModel, ModelConfig
-from nblib.reproduce import check_matrix_args, fingerprint
-from nblib.results import Results
-from nblib.runner import Runner, bucket_for
-from nblib.workload import WorkloadConfig, run_sessions
+from nblib.backends import device
+from nblib.core import stats
+from nblib.engine.model import DecodeModel, ModelConfig
+from nblib.studies.reproduce import check_matrix_args, fingerprint
+from nblib.core.results import Results
+from nblib.engine.runner import Runner, bucket_for
+from nblib.engine.workload import WorkloadConfig, run_sessions
 
 from conftest import TINY
 
@@ -146,7 +147,7 @@ def test_sessions_needed_sanity():
 
 
 def test_in_bucket_counts_only_the_steps_replayed_in_that_bucket():
-    from nblib.workload import in_bucket
+    from nblib.engine.workload import in_bucket
     # a concurrency-8 run whose tail (2 sessions left) replays bucket 2, where the only bad row is
     log = [dict(bucket=8, sessions=[0, 1, 2], bad_rows=0, rows=[0, 0, 0]),
            dict(bucket=8, sessions=[0, 1, 2], bad_rows=0, rows=[0, 0, 0]),

@@ -4,15 +4,16 @@
     checks = overlap.checks(rows); overlap.verdict(checks, rows)
 
 A configuration is (logits policy, index dtype, overlap); each is captured for every bucket. The
-corruption rate comes from replaying the agentic workload (nblib.reproduce.corruption_matrix, graph
-mode); the audit reads one more capture of the same configuration (nblib.audit), replaying nothing.
+corruption rate comes from replaying the agentic workload (nblib.studies.reproduce.corruption_matrix, graph
+mode); the audit reads one more capture of the same configuration (nblib.instruments.audit), replaying nothing.
 """
 import gc
 import time
 
-from nblib import audit, reproduce
-from nblib.model import DecodeModel, ModelConfig, LOGITS_POLICIES, check_choice
-from nblib.runner import Runner
+from nblib.instruments import audit
+from nblib.studies import reproduce
+from nblib.engine.model import DecodeModel, ModelConfig, LOGITS_POLICIES, check_choice
+from nblib.engine.runner import Runner
 
 
 def audit_model(dev, model, buckets, index_dtype, overlap, logits_policy):

@@ -8,7 +8,7 @@ import contextlib
 
 import torch
 
-from nblib.model import PAGE
+from nblib.engine.model import PAGE
 
 SCRATCH_SLOT = PAGE - 1   # page 0, last slot: where rows with nothing to store write
 MODES = ("graph", "eager")

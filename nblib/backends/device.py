@@ -1,7 +1,7 @@
 """One facade, two backends: model, runner and workload code call `dev.X` where they would call
 `torch.cuda.X`, so the same decode step runs on a real GPU ("cuda") and on the CPU simulator ("sim").
 
-    dev = nblib.device.get("cuda" | "sim" | "auto")
+    dev = nblib.backends.device.get("cuda" | "sim" | "auto")
     s = dev.Stream(); with dev.stream(s): ...; dev.current_stream().wait_stream(s)
     g = dev.CUDAGraph(); with dev.graph(g, pool=dev.graph_pool_handle()): ...; g.replay()
 """
@@ -59,5 +59,5 @@ def get(name="auto"):
             raise RuntimeError("backend 'cuda' needs a CUDA GPU and this machine has none: "
                                "use backend 'sim' (the CPU simulator) instead")
         return CudaDevice()
-    from nblib import sim  # imported lazily: the simulator is pure CPU code
+    from nblib.backends import sim  # imported lazily: the simulator is pure CPU code
     return sim.SimDevice()

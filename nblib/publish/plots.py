@@ -26,7 +26,7 @@ def corruption_heatmap(rows, level="session"):
 
 
 def stream_timeline(trace, hazards=(), schedule=None, title=None):
-    """The captured ops of one capture (nblib.trace.CaptureTrace) as bars, one lane per stream.
+    """The captured ops of one capture (nblib.instruments.trace.CaptureTrace) as bars, one lane per stream.
     schedule: (starts, ends) by op index, e.g. a sim graph's last_schedule after a replay (seconds);
     without one the x axis is the capture order. Ops in a hazard are red, joined by a dashed line."""
     ops = trace.ops

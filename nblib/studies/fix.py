@@ -15,11 +15,11 @@ import gc
 import math
 import statistics
 
-from nblib import stats
-from nblib.model import DecodeModel, ModelConfig
-from nblib.overhead import full_batch, timed, timer
-from nblib.runner import Runner
-from nblib.workload import WorkloadConfig, in_bucket, run_sessions
+from nblib.core import stats
+from nblib.engine.model import DecodeModel, ModelConfig
+from nblib.instruments.overhead import full_batch, timed, timer
+from nblib.engine.runner import Runner
+from nblib.engine.workload import WorkloadConfig, in_bucket, run_sessions
 
 VARIANTS = {
     "buggy overlap": dict(overlap="on", logits_policy="transient"),
@@ -91,7 +91,7 @@ def pooled(rows, buckets):
 
 def audits(dev, model, buckets, variants, index_dtype="bf16"):
     """The capture audit of every bucket of each variant: {variant: Report}."""
-    from nblib import audit
+    from nblib.instruments import audit
     out = {}
     for v in variants:
         m = _model(dev, model, v, index_dtype)

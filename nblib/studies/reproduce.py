@@ -9,10 +9,10 @@ compared with the eager single-stream reference; rates come with Wilson 95% inte
 import gc
 import time
 
-from nblib import stats
-from nblib.model import DecodeModel, ModelConfig, INDEX_DTYPES, OVERLAPS, check_choice
-from nblib.runner import Runner, MODES, check_buckets
-from nblib.workload import WorkloadConfig, in_bucket, run_sessions
+from nblib.core import stats
+from nblib.engine.model import DecodeModel, ModelConfig, INDEX_DTYPES, OVERLAPS, check_choice
+from nblib.engine.runner import Runner, MODES, check_buckets
+from nblib.engine.workload import WorkloadConfig, in_bucket, run_sessions
 
 
 def check_matrix_args(index_dtypes, modes, overlaps, buckets, logits_policy="transient"):
@@ -23,7 +23,7 @@ def check_matrix_args(index_dtypes, modes, overlaps, buckets, logits_policy="tra
         check_choice("mode", m, MODES)
     for o in overlaps:
         check_choice("overlap mode", o, OVERLAPS)
-    from nblib.model import LOGITS_POLICIES
+    from nblib.engine.model import LOGITS_POLICIES
     check_choice("logits policy", logits_policy, LOGITS_POLICIES)
     return check_buckets(buckets)
 

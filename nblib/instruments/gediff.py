@@ -49,7 +49,7 @@ class GEDiff:
         b = self.model.bucket
         if b is None:
             raise RuntimeError("the differential's hook ran while capturing without a bucket: "
-                               "capture through nblib.runner.Runner (it sets model.bucket)")
+                               "capture through nblib.engine.runner.Runner (it sets model.bucket)")
         s = dict(q=q.clone(), head_w=head_w.clone(), page_table=page_table.clone(),
                  seq_lens=seq_lens.clone(), logits=logits.clone())
         for name, t in s.items():
@@ -132,9 +132,9 @@ def arms(dev, model, buckets, workload, index_dtype="bf16", overlap="on", logits
     they differ only by the differential (its captured clones and its eager recompute).
     Returns (rows, gd): rows have arm, bucket, sessions, corrupted_sessions, steps, corrupted_steps,
     and for the on arm the differential's comparisons and divergences; gd holds its records and lines."""
-    from nblib.model import DecodeModel, ModelConfig
-    from nblib.runner import Runner
-    from nblib.workload import WorkloadConfig, in_bucket, run_sessions
+    from nblib.engine.model import DecodeModel, ModelConfig
+    from nblib.engine.runner import Runner
+    from nblib.engine.workload import WorkloadConfig, in_bucket, run_sessions
     cfg = ModelConfig(**model, index_dtype=index_dtype, overlap=overlap, logits_policy=logits_policy)
     off_model, on_model = DecodeModel(cfg, dev), DecodeModel(cfg, dev)
     gd = GEDiff(on_model)
@@ -161,7 +161,7 @@ def arms(dev, model, buckets, workload, index_dtype="bf16", overlap="on", logits
 def compare_arms(rows, min_bucket=2):
     """Pool each arm over buckets >= min_bucket (the campaign's batch size > 1): Wilson intervals
     and Fisher's exact p-value for 'the differential does not change the rate'."""
-    from nblib import stats
+    from nblib.core import stats
     pooled = {}
     for arm in ("off", "on"):
         sel = [r for r in rows if r["arm"] == arm and r["bucket"] >= min_bucket]
@@ -175,7 +175,7 @@ def compare_arms(rows, min_bucket=2):
 
 def verdict(pooled, fisher, summary, alpha=0.05):
     """One sentence: did the differential see divergence, and did turning it on change the rate?"""
-    from nblib import stats
+    from nblib.core import stats
     off, on = pooled
     rate = lambda r: stats.fmt_rate(r["corrupted_sessions"], r["sessions"])
     seen = (f"the differential diverged in {summary['diverged']} of {summary['comparisons']} comparisons "

@@ -7,7 +7,7 @@ is one a notebook measured. A notebook that did not finish shows as missing, nev
 import os
 from pathlib import Path
 
-from nblib import stats
+from nblib.core import stats
 
 NOTEBOOKS = ("00_reproduce", "01_canary", "02_graph_vs_eager", "03_stream_overlap", "04_persistent_buffer_fix")
 FIGURES = (("00_matrix_sessions.png", "Corrupted sessions by configuration and bucket (notebook 00)"),
@@ -99,7 +99,7 @@ def figures(output_dir):
 
 def writeup(results, output_dir):
     """The whole writeup as markdown (tables, figure links, environment)."""
-    from nblib.show import markdown_table
+    from nblib.publish.show import markdown_table
     ran = [n for n, r in results.items() if r]
     first = results[ran[0]] if ran else {}
     same, commits = same_code(results)

@@ -1,8 +1,9 @@
 """ipywidgets controls for live sessions. Callbacks stay thin over the plain functions that batch
 runs call, because papermill never sees an error raised inside a widget callback."""
-from nblib import reproduce, show
-from nblib.model import INDEX_DTYPES, OVERLAPS
-from nblib.runner import MODES
+from nblib.studies import reproduce
+from nblib.publish import show
+from nblib.engine.model import INDEX_DTYPES, OVERLAPS
+from nblib.engine.runner import MODES
 
 
 def matrix_explorer(dev, model, buckets, workload):

@@ -11,10 +11,10 @@ import time
 
 import torch
 
-from nblib.canary import Canary
-from nblib.gediff import GEDiff
-from nblib.model import DecodeModel, ModelConfig, PAGE
-from nblib.runner import Runner
+from nblib.instruments.canary import Canary
+from nblib.instruments.gediff import GEDiff
+from nblib.engine.model import DecodeModel, ModelConfig, PAGE
+from nblib.engine.runner import Runner
 
 
 def timer(dev):

@@ -3,9 +3,9 @@ from pathlib import Path
 
 import yaml
 
-from nblib import device
+from nblib.backends import device
+from nblib.core.paths import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 PROFILES = ("gpu", "gpu-long", "sim", "ci")
 
 

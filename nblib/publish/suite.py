@@ -11,8 +11,8 @@ import os
 import time
 from pathlib import Path
 
-from nblib import params as P
-from nblib.results import write_json
+from nblib.publish import params as P
+from nblib.core.results import write_json
 
 NOTEBOOKS = ("00_reproduce", "01_canary", "02_graph_vs_eager", "03_stream_overlap",
              "04_persistent_buffer_fix", "05_report")

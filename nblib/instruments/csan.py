@@ -20,17 +20,19 @@ import subprocess
 import sys
 import time
 
+from nblib.core.paths import ROOT
+
 
 def sanitize(model, buckets, index_dtype="bf16", overlap="on", logits_policy="transient", timeout=600):
     """Capture every bucket of one configuration with CSAN enabled, in a child process."""
-    from nblib import device
+    from nblib.backends import device
     device.get("cuda")                     # no GPU: one line now, not a child's traceback
     spec = dict(model=model, buckets=list(buckets), index_dtype=index_dtype, overlap=overlap,
                 logits_policy=logits_policy)
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = str(ROOT)
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}   # real kernels, not the interpreter
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
-    p = subprocess.run([sys.executable, "-m", "nblib.csan", json.dumps(spec)], capture_output=True,
+    p = subprocess.run([sys.executable, "-m", "nblib.instruments.csan", json.dumps(spec)], capture_output=True,
                        text=True, timeout=timeout, cwd=root, env=env)
     lines = [x for x in p.stdout.splitlines() if x.startswith("{")]
     if not lines:
@@ -73,9 +75,9 @@ def _control():
 def _child(spec):
     import torch
     from torch.cuda._sanitizer import CUDASanitizerErrors, enable_cuda_sanitizer
-    from nblib import device
-    from nblib.model import DecodeModel, ModelConfig
-    from nblib.runner import Runner
+    from nblib.backends import device
+    from nblib.engine.model import DecodeModel, ModelConfig
+    from nblib.engine.runner import Runner
     enable_cuda_sanitizer()
     out = dict(spec, errors=[], raised_at=None, captured=[], control=_control())
     torch.cuda.synchronize()

@@ -17,7 +17,7 @@ Knobs, as in the real engine:
                 before forking, the way the faulty engine did; the fp8 path allocates its own on
                 the stream it runs on (a kernel library's habit). persistent (the fix): one buffer
                 per (stream, bucket, shape), allocated before capture, outside the graph pool
-                (nblib.buffers). record_stream (the textbook fix): transient, but
+                (nblib.engine.buffers). record_stream (the textbook fix): transient, but
                 logits.record_stream(side) before the free, so the allocator does not reuse the
                 block while the capture lasts.
 """
@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels import indexer as kx
-from nblib.buffers import PersistentBuffers
+from nblib.engine.buffers import PersistentBuffers
 
 INDEX_DTYPES = ("bf16", "fp8")
 OVERLAPS = ("on", "off")
@@ -164,7 +164,7 @@ class DecodeModel:
         self.note("indexer.logits", t, use)
         return t
 
-    gediff = None   # the graph-vs-eager differential's hook (nblib.gediff), called while capturing
+    gediff = None   # the graph-vs-eager differential's hook (nblib.instruments.gediff), called while capturing
 
     def indexer(self, q, head_w, page_table, seq_lens, logits):
         logits = self.index_logits(q, head_w, page_table, seq_lens, logits)

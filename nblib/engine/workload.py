@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
-from nblib.model import PAGE
-from nblib.runner import SCRATCH_SLOT, bucket_for
+from nblib.engine.model import PAGE
+from nblib.engine.runner import SCRATCH_SLOT, bucket_for
 
 
 @dataclass(frozen=True)

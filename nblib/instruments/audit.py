@@ -1,12 +1,12 @@
 """The capture audit: name every cross-stream race in a capture, from the capture alone.
 
-    report = nblib.audit.audit_capture(fn, *args, device=dev)     # captures fn(*args) and audits it
-    with nblib.audit.recording(dev) as rec:                         # or around code that captures
+    report = nblib.instruments.audit.audit_capture(fn, *args, device=dev)     # captures fn(*args) and audits it
+    with nblib.instruments.audit.recording(dev) as rec:                         # or around code that captures
         runner.capture(record=rec)                                  # (rec(bucket) labels captures)
     report = rec.report(names=model.captures)
     report.ok, report.hazards, print(report), report.rows()
 
-How: nblib.trace records, in program order, each allocation and free, each op's byte accesses
+How: nblib.instruments.trace records, in program order, each allocation and free, each op's byte accesses
 (read or write) and stream, and each event record and wait. Happens-before is computed with a
 vector clock per stream (an op ticks its stream's clock; a record snapshots the stream's clock into
 the event; a wait merges the event's clock into the stream's). Two accesses race when their bytes
@@ -22,8 +22,8 @@ import time
 import traceback
 from dataclasses import dataclass, field
 
-from nblib import trace as T
-from nblib.trace import recording, site   # noqa: F401  (part of this module's API)
+from nblib.instruments import trace as T
+from nblib.instruments.trace import recording, site   # noqa: F401  (part of this module's API)
 
 KINDS = ("read-after-write", "write-after-read", "write-after-write")
 
@@ -264,7 +264,7 @@ def name_allocations(traces, names):
 
 
 def audit(traces, names=None):
-    """Audit recorded captures (nblib.trace.CaptureTrace list); incomplete ones are skipped."""
+    """Audit recorded captures (nblib.instruments.trace.CaptureTrace list); incomplete ones are skipped."""
     t0 = time.perf_counter()
     done = [t for t in traces if t.complete]
     if names:

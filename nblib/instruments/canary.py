@@ -20,7 +20,7 @@ current stream (after the replay, in stream order) and a small copy to the host.
 """
 import torch
 
-from nblib.model import PAGE
+from nblib.engine.model import PAGE
 
 SCRATCH_PAGE = 0
 CLASSES = ("expected", "scratch", "live_overwrite", "free_write")
@@ -153,9 +153,9 @@ def watch(dev, model, buckets, workload, overlaps=("on", "off"), index_dtype="bf
     `bucket` sessions decoding together, as in notebook 00). `model`, `workload`: dicts of config
     values. Returns one row per (overlap, bucket): the sessions' verdicts and the canary's summary.
     The canary adds no node to the graph, so the replays are the uninstrumented ones."""
-    from nblib.model import DecodeModel, ModelConfig
-    from nblib.runner import Runner
-    from nblib.workload import WorkloadConfig, in_bucket, run_sessions
+    from nblib.engine.model import DecodeModel, ModelConfig
+    from nblib.engine.runner import Runner
+    from nblib.engine.workload import WorkloadConfig, in_bucket, run_sessions
     rows = []
     for overlap in overlaps:
         m = DecodeModel(ModelConfig(**model, index_dtype=index_dtype, overlap=overlap,

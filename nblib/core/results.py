@@ -12,6 +12,8 @@ from pathlib import Path
 
 import torch
 
+from nblib.core.paths import ROOT
+
 
 def write_json(path, obj):
     """Write atomically: a crash mid-write leaves the old file, never half a file."""
@@ -30,7 +32,7 @@ def commit():
     wins: a copy of the tree on another machine (the device) may carry a stale .git."""
     if os.environ.get("NBLIB_COMMIT", "unknown") != "unknown":
         return os.environ["NBLIB_COMMIT"]
-    root = Path(__file__).resolve().parent.parent
+    root = ROOT
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
                               text=True, check=True).stdout.strip()

@@ -1,6 +1,6 @@
 """Record a capture: allocations, frees, every op's byte accesses, and the stream syncs, in program order.
 
-    with nblib.trace.recording(dev) as rec:      # around code that captures by itself
+    with nblib.instruments.trace.recording(dev) as rec:      # around code that captures by itself
         runner.capture(record=rec)               # rec(bucket) labels each capture (optional)
     rec.captures                                 # one CaptureTrace per graph captured
 
@@ -12,7 +12,7 @@ A CaptureTrace is a list of events in the order the host issued them:
     ("record", stream, event)   event recorded on a stream
     ("wait", stream, event)     a stream waits on an event; wait_stream(s) is a record on s + a wait
 
-Nothing here changes what is captured: the recorder only reads. nblib.audit turns a trace into
+Nothing here changes what is captured: the recorder only reads. nblib.instruments.audit turns a trace into
 happens-before (vector clocks) and races.
 
 Backends:
@@ -39,8 +39,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-_HERE = os.path.dirname(os.path.abspath(__file__))
-_SKIP_FILES = tuple(os.path.join(_HERE, f) for f in ("trace.py", "audit.py", "sim.py"))
+from nblib.core.paths import NBLIB
+
+_SKIP_FILES = tuple(str(NBLIB / f) for f in ("instruments/trace.py", "instruments/audit.py", "backends/sim.py"))
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
 _SKIP_SUFFIX = ("contextlib.py", "weakref.py")
 
@@ -238,8 +239,8 @@ class Recording:
         return t
 
     def report(self, names=None):
-        """The audit of every complete capture recorded so far (nblib.audit.Report)."""
-        from nblib import audit
+        """The audit of every complete capture recorded so far (nblib.instruments.audit.Report)."""
+        from nblib.instruments import audit
         return audit.audit(self.captures, names=names)
 
     def __enter__(self):
@@ -268,7 +269,7 @@ class SimRecording(Recording):
     """Wraps SimGraph.capture_begin/capture_end for graphs of this device while the block runs."""
 
     def _install(self):
-        from nblib import sim
+        from nblib.backends import sim
         cls = sim.SimGraph
         self._orig = (cls.capture_begin, cls.capture_end, cls._abort)
         begin, end, abort = self._orig
@@ -295,7 +296,7 @@ class SimRecording(Recording):
         cls.capture_begin, cls.capture_end, cls._abort = capture_begin, capture_end, _abort
 
     def _uninstall(self):
-        from nblib import sim
+        from nblib.backends import sim
         sim.SimGraph.capture_begin, sim.SimGraph.capture_end, sim.SimGraph._abort = self._orig
 
     def _build(self, g, trace, start, main):
@@ -519,7 +520,7 @@ class CudaRecording(Recording):
 
     # -- ops ------------------------------------------------------------------------------------
     def _dispatch(self, func, args, kwargs):
-        from nblib.sim import _op_info, _arg
+        from nblib.backends.sim import _op_info, _arg
         from torch.utils._pytree import tree_flatten
         info = _op_info(func)
         if (info.kind == "view" or self._trace is None or self._guard
