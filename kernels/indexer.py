@@ -49,7 +49,9 @@ def fp8_page_bytes(dim=DIM):
 def _fp8_dim(pages):
     """Head dim of an fp8 page buffer, from its row width (PAGE*D + PAGE*4)."""
     if pages.dim() != 2 or pages.shape[1] % PAGE != 0 or pages.shape[1] // PAGE <= 4:
-        raise ValueError(f"fp8 pages must be uint8 [num_pages, {PAGE}*D + {PAGE * 4}], got {tuple(pages.shape)}")
+        raise ValueError(
+            f"fp8 pages must be uint8 [num_pages, {PAGE}*D + {PAGE * 4}], got {tuple(pages.shape)}"
+        )
     return pages.shape[1] // PAGE - 4
 
 
@@ -158,9 +160,21 @@ def ref_logits_fp8(q, w, pages, page_table, seq_lens, max_len, compute_dtype=tor
 
 @triton.jit
 def _indexer_logits_kernel(
-    q_ptr, w_ptr, k_ptr, scale_ptr, pt_ptr, seq_lens_ptr, out_ptr,
-    H, max_len, tiles_per_prog,
-    stride_qb, stride_qh, stride_wb, stride_ptb, stride_ob,
+    q_ptr,
+    w_ptr,
+    k_ptr,
+    scale_ptr,
+    pt_ptr,
+    seq_lens_ptr,
+    out_ptr,
+    H,
+    max_len,
+    tiles_per_prog,
+    stride_qb,
+    stride_qh,
+    stride_wb,
+    stride_ptb,
+    stride_ob,
     D: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_T: tl.constexpr,  # entries per tile, a multiple of PAGE
@@ -183,7 +197,9 @@ def _indexer_logits_kernel(
     offs_t = tl.arange(0, BLOCK_T)
     h_ok = offs_h < H
     # q[b] is loaded once and reused for every tile: [BLOCK_H, D] -> B operand [D, BLOCK_H]
-    q = tl.load(q_ptr + b * stride_qb + offs_h[:, None] * stride_qh + offs_d[None, :], mask=h_ok[:, None], other=0.0)
+    q = tl.load(
+        q_ptr + b * stride_qb + offs_h[:, None] * stride_qh + offs_d[None, :], mask=h_ok[:, None], other=0.0
+    )
     q_t = tl.trans(q)
     w = tl.load(w_ptr + b * stride_wb + offs_h, mask=h_ok, other=0.0)
 
@@ -203,7 +219,9 @@ def _indexer_logits_kernel(
         logit = tl.sum(tl.maximum(s, 0.0) * w[None, :], axis=1)
         if IS_FP8:
             # scales as float32: page p's scales start at float index p * PAGE_STRIDE/4 + PAGE*D/4
-            sc = tl.load(scale_ptr + page * (PAGE_STRIDE // 4) + (PAGE_ * D // 4) + t % PAGE_, mask=page_ok, other=0.0)
+            sc = tl.load(
+                scale_ptr + page * (PAGE_STRIDE // 4) + (PAGE_ * D // 4) + t % PAGE_, mask=page_ok, other=0.0
+            )
             logit = logit * sc  # relu(x * s) == relu(x) * s for s > 0
         logit = tl.where(t < seq_len, logit, float("-inf"))
         tl.store(out_ptr + b * stride_ob + t, logit, mask=t < max_len)
@@ -247,7 +265,9 @@ def _check_common(q, w, page_table, seq_lens, out):
     if w.shape != (bs, h) or w.dtype != torch.float32:
         raise ValueError(f"w must be float32 [{bs}, {h}], got {w.dtype} {tuple(w.shape)}")
     if page_table.dim() != 2 or page_table.shape[0] != bs or page_table.dtype != torch.int32:
-        raise ValueError(f"page_table must be int32 [{bs}, max_pages], got {page_table.dtype} {tuple(page_table.shape)}")
+        raise ValueError(
+            f"page_table must be int32 [{bs}, max_pages], got {page_table.dtype} {tuple(page_table.shape)}"
+        )
     if seq_lens.shape != (bs,) or seq_lens.dtype != torch.int32:
         raise ValueError(f"seq_lens must be int32 [{bs}], got {seq_lens.dtype} {tuple(seq_lens.shape)}")
     if out.dim() != 2 or out.shape[0] != bs or out.dtype != torch.float32:
@@ -270,7 +290,9 @@ def _check_bf16_args(q, w, kcache, page_table, seq_lens, out):
     _check_common(q, w, page_table, seq_lens, out)
     d = q.shape[2]
     if q.dtype not in _BF16_KERNEL_DTYPES or kcache.dtype != q.dtype:
-        raise ValueError(f"q and kcache must share a dtype in {_BF16_KERNEL_DTYPES}, got {q.dtype} / {kcache.dtype}")
+        raise ValueError(
+            f"q and kcache must share a dtype in {_BF16_KERNEL_DTYPES}, got {q.dtype} / {kcache.dtype}"
+        )
     if kcache.dim() != 3 or kcache.shape[1:] != (PAGE, d) or not kcache.is_contiguous():
         raise ValueError(f"kcache must be contiguous [num_pages, {PAGE}, {d}], got {tuple(kcache.shape)}")
     if kcache.device != q.device:
@@ -283,7 +305,9 @@ def _check_fp8_args(q, w, pages, page_table, seq_lens, out):
     if q.dtype != torch.float8_e4m3fn:
         raise ValueError(f"q must be float8_e4m3fn for the fp8 path, got {q.dtype}")
     if pages.dtype != torch.uint8 or pages.dim() != 2 or pages.shape[1] != fp8_page_bytes(d):
-        raise ValueError(f"pages must be uint8 [num_pages, {fp8_page_bytes(d)}], got {pages.dtype} {tuple(pages.shape)}")
+        raise ValueError(
+            f"pages must be uint8 [num_pages, {fp8_page_bytes(d)}], got {pages.dtype} {tuple(pages.shape)}"
+        )
     if not pages.is_contiguous():
         raise ValueError("pages must be contiguous")
     if pages.device != q.device:
@@ -300,9 +324,21 @@ def _launch(q, w, k, scales, page_table, seq_lens, out, cfg, is_fp8):
         tiles //= 2  # more programs in flight beats fewer q reloads
     grid = (bs, triton.cdiv(n_tiles, tiles))
     _indexer_logits_kernel[grid](
-        q, w, k, scales, page_table, seq_lens, out,
-        h, max_len, tiles,
-        q.stride(0), q.stride(1), w.stride(0), page_table.stride(0), out.stride(0),
+        q,
+        w,
+        k,
+        scales,
+        page_table,
+        seq_lens,
+        out,
+        h,
+        max_len,
+        tiles,
+        q.stride(0),
+        q.stride(1),
+        w.stride(0),
+        page_table.stride(0),
+        out.stride(0),
         D=d,
         BLOCK_H=max(16, triton.next_power_of_2(h)),  # tl.dot needs >= 16
         BLOCK_T=block_t,
@@ -339,8 +375,12 @@ def indexer_logits_fp8_(q, w, pages, page_table, seq_lens, out, *, config=None):
 
 @torch.library.custom_op("csi::indexer_logits_bf16", mutates_args=("out",), device_types="cpu")
 def _indexer_logits_bf16_op(
-    q: torch.Tensor, w: torch.Tensor, kcache: torch.Tensor,
-    page_table: torch.Tensor, seq_lens: torch.Tensor, out: torch.Tensor,
+    q: torch.Tensor,
+    w: torch.Tensor,
+    kcache: torch.Tensor,
+    page_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    out: torch.Tensor,
 ) -> None:
     _check_bf16_args(q, w, kcache, page_table, seq_lens, out)
     out.copy_(ref_logits_bf16(q, w, kcache, page_table, seq_lens, out.shape[1]))
@@ -358,8 +398,12 @@ def _(q, w, kcache, page_table, seq_lens, out):
 
 @torch.library.custom_op("csi::indexer_logits_fp8", mutates_args=("out",), device_types="cpu")
 def _indexer_logits_fp8_op(
-    q: torch.Tensor, w: torch.Tensor, pages: torch.Tensor,
-    page_table: torch.Tensor, seq_lens: torch.Tensor, out: torch.Tensor,
+    q: torch.Tensor,
+    w: torch.Tensor,
+    pages: torch.Tensor,
+    page_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    out: torch.Tensor,
 ) -> None:
     _check_fp8_args(q, w, pages, page_table, seq_lens, out)
     out.copy_(ref_logits_fp8(q, w, pages, page_table, seq_lens, out.shape[1]))
@@ -424,8 +468,12 @@ def make_inputs(bs, seq_lens, heads, dim, max_len, device, seed=0, garbage_pages
     k = torch.randn(num_pages, PAGE, dim, generator=g)
     to = dict(device=device)
     return dict(
-        q=q.to(**to), w=w.to(**to), k=k.to(**to), page_table=page_table.to(**to),
-        seq_lens=seq_lens.to(**to), max_len=max_len,
+        q=q.to(**to),
+        w=w.to(**to),
+        k=k.to(**to),
+        page_table=page_table.to(**to),
+        seq_lens=seq_lens.to(**to),
+        max_len=max_len,
     )
 
 
@@ -440,8 +488,18 @@ def _compare(out, ref, name):
     return float((o - r).norm() / r.norm().clamp_min(1e-30))
 
 
-def check(device="cuda", bs=5, seq_lens=None, heads=64, dim=128, max_len=None, dtypes=("bf16", "fp8"),
-          seed=0, tol=None, fp32_operands=False):
+def check(
+    device="cuda",
+    bs=5,
+    seq_lens=None,
+    heads=64,
+    dim=128,
+    max_len=None,
+    dtypes=("bf16", "fp8"),
+    seed=0,
+    tol=None,
+    fp32_operands=False,
+):
     """Run the kernels on random inputs, compare to a float64 reference; return errors.
 
     fp32_operands: feed the "bf16" kernel fp32 copies (the CPU-interpreter test path).
@@ -465,7 +523,11 @@ def check(device="cuda", bs=5, seq_lens=None, heads=64, dim=128, max_len=None, d
         indexer_logits_bf16_(qb, w, kb, pt, sl, out)
         ref = ref_logits_bf16(qb.double(), w.double(), kb.double(), pt, sl, max_len)
         errors["bf16"] = _compare(out, ref, "bf16")
-        errors["torch_ref_bf16"] = _compare(ref_logits_bf16(qb.to(torch.bfloat16), w, kb.to(torch.bfloat16), pt, sl, max_len), ref, "torch_ref_bf16")
+        errors["torch_ref_bf16"] = _compare(
+            ref_logits_bf16(qb.to(torch.bfloat16), w, kb.to(torch.bfloat16), pt, sl, max_len),
+            ref,
+            "torch_ref_bf16",
+        )
     if "fp8" in dtypes:
         pages = quantize_fp8_pages(x["k"])
         q8 = (q * 8).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
@@ -473,7 +535,9 @@ def check(device="cuda", bs=5, seq_lens=None, heads=64, dim=128, max_len=None, d
         indexer_logits_fp8_(q8, w, pages, pt, sl, out)
         ref = ref_logits_fp8(q8, w, pages, pt, sl, max_len, compute_dtype=torch.float64)
         errors["fp8"] = _compare(out, ref, "fp8")
-        errors["torch_ref_fp8"] = _compare(ref_logits_fp8(q8, w, pages, pt, sl, max_len), ref, "torch_ref_fp8")
+        errors["torch_ref_fp8"] = _compare(
+            ref_logits_fp8(q8, w, pages, pt, sl, max_len), ref, "torch_ref_fp8"
+        )
     bad = {k: v for k, v in errors.items() if v > tol.get(k, TOL_TORCH_REF)}
     if bad:
         raise AssertionError(f"relative error beyond tolerance {tol}: {bad} (all: {errors})")
@@ -542,7 +606,10 @@ def benchmark(bs=32, ctx=65536, heads=64, dim=128, device="cuda", copy_bytes=2 <
 
 SWEEP = [
     dict(block_t=bt, tiles_per_prog=tp, num_warps=nw, num_stages=ns)
-    for bt in (64, 128) for tp in (4, 16) for nw in (4, 8) for ns in (3, 5, 7)
+    for bt in (64, 128)
+    for tp in (4, 16)
+    for nw in (4, 8)
+    for ns in (3, 5, 7)
 ]
 
 
@@ -586,9 +653,15 @@ def _write_atomic(path, text):
 def _commit():
     """The code's git commit, so a benchmark table says what produced it."""
     import subprocess
+
     try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
-                              cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
+        return subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=os.path.dirname(os.path.abspath(__file__)),
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return os.environ.get("NBLIB_COMMIT", "unknown")
 
@@ -614,10 +687,15 @@ def main(argv=None):
     if a.bench:
         rows = benchmark()
         cols = ["name", "us", "bytes", "gbps", "frac_copy_bw", "speedup_vs_torch"]
-        meta = dict(torch=torch.__version__, triton=triton.__version__, device=torch.cuda.get_device_name(),
-                    commit=_commit(),
-                    bf16_config=BF16_CONFIG, fp8_config=FP8_CONFIG,
-                    shape=dict(bs=32, ctx=65536, heads=64, dim=128))
+        meta = dict(
+            torch=torch.__version__,
+            triton=triton.__version__,
+            device=torch.cuda.get_device_name(),
+            commit=_commit(),
+            bf16_config=BF16_CONFIG,
+            fp8_config=FP8_CONFIG,
+            shape=dict(bs=32, ctx=65536, heads=64, dim=128),
+        )
         md = f"{json.dumps(meta)}\n\n{_markdown(rows, cols)}\n"
         print(md)
         if a.out:

@@ -1,4 +1,5 @@
 """`python -m nblib ...`: the command line lives in nblib.publish.cli."""
+
 from nblib.publish.cli import main
 
 if __name__ == "__main__":

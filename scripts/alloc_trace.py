@@ -1,6 +1,7 @@
 """Record the CUDA caching allocator's alloc/free sequence while capturing every bucket of the
 model, with the addresses it returned: test data for the simulator's allocator (tests/data/).
 Usage: python scripts/alloc_trace.py OUT.json [ffn]"""
+
 import contextlib
 import json
 import sys
@@ -28,14 +29,27 @@ def record(bucket):
         for dt in snap["device_traces"]:
             for e in dt:
                 if e["action"] in ("alloc", "free_requested", "free_completed", "segment_alloc"):
-                    frames = [f"{f['filename'].split('/')[-1]}:{f['line']}:{f['name']}" for f in e.get("frames", [])
-                              if "nblib" in f["filename"] or "kernels" in f["filename"]][:3]
-                    events.append(dict(bucket=bucket, action=e["action"], addr=e["addr"], size=e["size"],
-                                       stream=names.setdefault(e["stream"], f"s{len(names)}"), frames=frames))
+                    frames = [
+                        f"{f['filename'].split('/')[-1]}:{f['line']}:{f['name']}"
+                        for f in e.get("frames", [])
+                        if "nblib" in f["filename"] or "kernels" in f["filename"]
+                    ][:3]
+                    events.append(
+                        dict(
+                            bucket=bucket,
+                            action=e["action"],
+                            addr=e["addr"],
+                            size=e["size"],
+                            stream=names.setdefault(e["stream"], f"s{len(names)}"),
+                            frames=frames,
+                        )
+                    )
 
 
 m = DecodeModel(ModelConfig(ffn=ffn, num_pages=2048), dev)
 r = Runner(m, [1, 2, 4, 8, 16, 32, 64], "graph").capture(record=record)
-json.dump(dict(device=dev.device_name(), torch=torch.__version__, ffn=ffn, aliases=r.aliases(),
-               events=events), open(sys.argv[1], "w"))
+json.dump(
+    dict(device=dev.device_name(), torch=torch.__version__, ffn=ffn, aliases=r.aliases(), events=events),
+    open(sys.argv[1], "w"),
+)
 print(len(events), "events;", "aliases:", [(a["bucket"], a["first"], a["second"]) for a in r.aliases()])

@@ -1,6 +1,7 @@
 """Where do aliases form on this GPU? Capture every bucket for a few MLP widths and report the
 transients that share bytes across streams, a short corruption check, and the allocator trace.
 Usage: python scripts/gpu_probe.py OUTDIR [ffn ...]"""
+
 import json
 import sys
 import time
@@ -31,22 +32,41 @@ for ffn in ffns:
         if trace:
             snap = dev.memory_snapshot()
             dev.memory_history(False)
-            ev = [dict(action=e["action"], addr=e["addr"], size=e["size"], stream=e["stream"],
-                       frame=(e.get("frames") or [{}])[0].get("name", "") if e.get("frames") else "")
-                  for dt in snap["device_traces"] for e in dt]
+            ev = [
+                dict(
+                    action=e["action"],
+                    addr=e["addr"],
+                    size=e["size"],
+                    stream=e["stream"],
+                    frame=(e.get("frames") or [{}])[0].get("name", "") if e.get("frames") else "",
+                )
+                for dt in snap["device_traces"]
+                for e in dt
+            ]
             json.dump(ev, open(f"{out}/alloc_trace_ffn{ffn}.json", "w"))
         al = r.aliases()
         key = f"ffn={ffn} {dtype} overlap={overlap}"
         rec = dict(capture_s=round(cap_s, 2), aliases=al, runs={})
         for c in (2, 8, 16, 32, 40):
-            w = WorkloadConfig(sessions=max(c, 8), rounds=1, concurrency=min(c, 64), ctx_min=4096, ctx_max=49152,
-                               out_min=8, out_max=24)
+            w = WorkloadConfig(
+                sessions=max(c, 8),
+                rounds=1,
+                concurrency=min(c, 64),
+                ctx_min=4096,
+                ctx_max=49152,
+                out_min=8,
+                out_max=24,
+            )
             t0 = time.perf_counter()
             res = run_sessions(r, w)
-            rec["runs"][c] = dict(sessions=res["sessions"], bad=res["corrupted_sessions"], steps=res["steps"],
-                                  bad_steps=res["corrupted_steps"],
-                                  buckets=sorted({s["bucket"] for s in res["step_log"]}),
-                                  ms_per_step=round(1000 * (time.perf_counter() - t0) / max(1, res["steps"]), 2))
+            rec["runs"][c] = dict(
+                sessions=res["sessions"],
+                bad=res["corrupted_sessions"],
+                steps=res["steps"],
+                bad_steps=res["corrupted_steps"],
+                buckets=sorted({s["bucket"] for s in res["step_log"]}),
+                ms_per_step=round(1000 * (time.perf_counter() - t0) / max(1, res["steps"]), 2),
+            )
         report[key] = rec
         print(key, "aliases:", [(a["bucket"], a["first"], a["second"], a["shared_bytes"]) for a in al])
         print("   ", rec["runs"], flush=True)

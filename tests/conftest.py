@@ -8,6 +8,7 @@ TINY = dict(heads=4, dim=128, topk=32, max_ctx=1024, d_model=256, ffn=1024, num_
 
 class EagerCpu:
     """The smallest device: plain CPU torch, one stream, never capturing (the eager path only)."""
+
     name = "cpu"
     torch_device = torch.device("cpu")
 
@@ -36,6 +37,7 @@ def ci_suite(tmp_path_factory):
     """The main job on the ci profile, every notebook 00 to 05, once per test session (as CI runs it)."""
     from nblib.publish import params as P
     from nblib.publish import suite
+
     out = tmp_path_factory.mktemp("ci_suite")
     suite.run(P.ROOT / "params" / "ci.yaml", out)
     return out

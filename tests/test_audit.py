@@ -1,17 +1,16 @@
 """The capture audit: every race kind across streams, the reuse race, no false alarm on synchronised
 code, clean failure, and the decode model's configurations (hazard iff bf16 + transient + overlap on)."""
+
 import types
 
 import pytest
 import torch
-
-from nblib.instruments import audit, trace
-from nblib.engine.model import DecodeModel, ModelConfig
-from nblib.engine.runner import Runner
-from nblib.backends.sim import SimDevice, SimGraph
-
 from miniature import N, reuse_race_step
 
+from nblib.backends.sim import SimDevice, SimGraph
+from nblib.engine.model import DecodeModel, ModelConfig
+from nblib.engine.runner import Runner
+from nblib.instruments import audit, trace
 
 
 def _kinds(rep):
@@ -22,6 +21,7 @@ def _kinds(rep):
 # the three hazard kinds, on persistent memory (no allocator involved), and their synchronised twins
 # ------------------------------------------------------------------------------------------------
 
+
 def _pattern(dev, order, sync):
     """Two ops on bytes of x, one per stream; order: which runs first on the host and what it does."""
     side = dev.Stream()
@@ -31,16 +31,18 @@ def _pattern(dev, order, sync):
         main = dev.current_stream()
         side.wait_stream(main)
         first, second, lead = order
-        for i, (stream, what) in enumerate(((main, first), (side, second)) if lead == "main"
-                                           else ((side, first), (main, second))):
+        for i, (stream, what) in enumerate(
+            ((main, first), (side, second)) if lead == "main" else ((side, first), (main, second))
+        ):
             with dev.stream(stream):
                 if what == "w":
                     x.fill_(float(i + 1))
                 else:
-                    y = x * 2           # noqa: F841  reads x
+                    y = x * 2  # noqa: F841  reads x
             if i == 0 and sync:
                 _sync(dev, sync, stream, side if stream is main else main)
         main.wait_stream(side)
+
     return fn
 
 
@@ -57,15 +59,17 @@ def _sync(dev, how, done, waiter):
 
 
 @pytest.mark.parametrize("first_stream", ["main", "side"])
-@pytest.mark.parametrize("order,kind", [(("w", "r"), "read-after-write"), (("r", "w"), "write-after-read"),
-                                        (("w", "w"), "write-after-write")])
+@pytest.mark.parametrize(
+    "order,kind",
+    [(("w", "r"), "read-after-write"), (("r", "w"), "write-after-read"), (("w", "w"), "write-after-write")],
+)
 def test_each_race_kind_across_streams_is_reported(order, kind, first_stream):
     dev = SimDevice()
     rep = audit.audit_capture(_pattern(dev, order + (first_stream,), None), device=dev)
     assert not rep.ok and len(rep.hazards) == 1, str(rep)
     h = rep.hazards[0]
     assert h.kind == kind and h.first.stream == first_stream and h.second.stream != first_stream
-    assert h.nbytes == N * 4 and not h.reused and h.first_access.alloc is None   # persistent x
+    assert h.nbytes == N * 4 and not h.reused and h.first_access.alloc is None  # persistent x
     assert "fill_" in (h.first.name + h.second.name)
     assert any("x.fill_" in fr_line for fr_line in [trace.site(op.stack) for op in (h.first, h.second)])
 
@@ -96,10 +100,11 @@ def test_sync_on_the_wrong_pair_of_streams_does_not_hide_a_race():
         other.wait_stream(main)
         with dev.stream(side):
             x.fill_(1.0)
-        other.wait_stream(side)            # other is ordered after side, main is not
-        y = x * 2                          # noqa: F841
+        other.wait_stream(side)  # other is ordered after side, main is not
+        y = x * 2  # noqa: F841
         main.wait_stream(side)
         main.wait_stream(other)
+
     rep = audit.audit_capture(fn, device=dev)
     assert [h.kind for h in rep.hazards] == ["read-after-write"]
 
@@ -108,6 +113,7 @@ def test_sync_on_the_wrong_pair_of_streams_does_not_hide_a_race():
 # the reuse race: allocated on main, used on side, freed before the join, reused on main
 # ------------------------------------------------------------------------------------------------
 
+
 def race(dev, fix=None):
     side = dev.Stream()
     x = torch.linspace(-1, 1, N)
@@ -115,10 +121,11 @@ def race(dev, fix=None):
     def fn():
         r, _, _ = reuse_race_step(dev, side, x, fix)
         return r * 1
-    if fix == "persistent":
-        buf = torch.empty(N)                  # made before capture, outside the graph pool
 
-        def fn():                             # noqa: F811
+    if fix == "persistent":
+        buf = torch.empty(N)  # made before capture, outside the graph pool
+
+        def fn():  # noqa: F811
             main = dev.current_stream()
             side.wait_stream(main)
             torch.mul(x, 2, out=buf)
@@ -129,6 +136,7 @@ def race(dev, fix=None):
             u.fill_(-100.0)
             main.wait_stream(side)
             return r * 1
+
     return fn
 
 
@@ -138,8 +146,12 @@ def test_reuse_race_names_both_allocations_with_their_sites():
     assert len(rep.hazards) == 1, str(rep)
     h = rep.hazards[0]
     assert h.kind == "write-after-read" and h.reused
-    assert (h.first.name, h.first.stream, h.second.name, h.second.stream) == \
-        ("aten::add", "side", "aten::fill_", "main")
+    assert (h.first.name, h.first.stream, h.second.name, h.second.stream) == (
+        "aten::add",
+        "side",
+        "aten::fill_",
+        "main",
+    )
     r = h.row()
     assert r["first_tensor"].startswith("t (") and r["second_tensor"].startswith("u (")
     assert "t = x * 2" in r["first_alloc"] and "del t" in r["first_free"]
@@ -159,6 +171,7 @@ def test_reuse_race_fixes_are_clean(fix):
 
 def test_the_audit_does_not_perturb_the_capture():
     """Same seed, with and without the recorder: the same nodes, bytes and replay results."""
+
     def run(audited):
         dev = SimDevice(seed=3)
         fn = race(dev)
@@ -169,14 +182,17 @@ def test_the_audit_does_not_perturb_the_capture():
             g = dev.CUDAGraph()
             with dev.graph(g):
                 out = fn()
-        ids = {}                       # addresses by first appearance: the same sharing of bytes
-        nodes = [(n.op, n.stream.name, n.deps, [(ids.setdefault(a, len(ids)), b, c) for a, b, c, _ in n.accesses])
-                 for n in g.nodes]
+        ids = {}  # addresses by first appearance: the same sharing of bytes
+        nodes = [
+            (n.op, n.stream.name, n.deps, [(ids.setdefault(a, len(ids)), b, c) for a, b, c, _ in n.accesses])
+            for n in g.nodes
+        ]
         res = []
         for _ in range(40):
             g.replay()
             res.append(out.clone())
         return nodes, torch.stack(res)
+
     (n1, r1), (n2, r2) = run(False), run(True)
     assert n1 == n2 and torch.equal(r1, r2)
 
@@ -207,6 +223,7 @@ def test_vector_clocks_agree_with_graph_reachability():
 # failure: nothing half-finished, the error names the op
 # ------------------------------------------------------------------------------------------------
 
+
 def test_a_raising_capture_leaves_nothing_behind_and_names_the_op():
     dev = SimDevice()
     before = dev.current_stream()
@@ -217,6 +234,7 @@ def test_a_raising_capture_leaves_nothing_behind_and_names_the_op():
         side.wait_stream(dev.current_stream())
         with dev.stream(side):
             torch.ones(2, 3) @ torch.ones(2, 3)
+
     with pytest.raises(audit.AuditCaptureError, match=r"capturing .*bad failed.*aten\.mm"):
         audit.audit_capture(bad, device=dev)
     assert dev._cap is None and dev.current_stream() is before
@@ -226,19 +244,21 @@ def test_a_raising_capture_leaves_nothing_behind_and_names_the_op():
     def boom():
         torch.ones(3) * 2
         raise ValueError("boom")
-    with pytest.raises(audit.AuditCaptureError, match=r"boom failed at test_audit.py:\d+ in boom: ValueError: boom"):
+
+    with pytest.raises(
+        audit.AuditCaptureError, match=r"boom failed at test_audit.py:\d+ in boom: ValueError: boom"
+    ):
         audit.audit_capture(boom, device=dev)
     assert dev._cap is None and dev.current_stream() is before
-    rep = audit.audit_capture(race(dev, "join"), device=dev)      # the next capture works
+    rep = audit.audit_capture(race(dev, "join"), device=dev)  # the next capture works
     assert rep.ok and rep.ops > 0
 
 
 def test_a_failed_capture_inside_a_recording_is_skipped_and_counted():
     dev = SimDevice()
     with audit.recording(dev) as rec:
-        with pytest.raises(Exception):
-            with dev.graph(dev.CUDAGraph()):
-                torch.ones(2, 3) @ torch.ones(2, 3)
+        with pytest.raises(Exception), dev.graph(dev.CUDAGraph()):
+            torch.ones(2, 3) @ torch.ones(2, 3)
         with dev.graph(dev.CUDAGraph()):
             torch.ones(3) * 2
     rep = rec.report()
@@ -278,7 +298,9 @@ def test_model_configurations(dtype, overlap, policy):
 
 def test_auditing_one_ci_capture_is_fast():
     import time
+
     from nblib.publish import params as P
+
     prof = P.load(P.ROOT / "params" / "ci.yaml")
     dev = SimDevice()
     m = DecodeModel(ModelConfig(**prof["model"]), dev)
@@ -293,15 +315,17 @@ def test_auditing_one_ci_capture_is_fast():
 # the CUDA path: its pure-Python parts here, the rest on a GPU
 # ------------------------------------------------------------------------------------------------
 
+
 def test_triton_launch_args_are_read_from_the_launching_frame():
     seen = []
 
     def hook():
         seen.append(trace.triton_launch_args(__import__("sys")._getframe(1)))
 
-    def run(*args):                     # JITFunction.run's shape: bound_args, then the launcher
+    def run(*args):  # JITFunction.run's shape: bound_args, then the launcher
         bound_args = {"x": args[0], "n": args[1]}  # noqa: F841
         hook()
+
     t = torch.ones(3)
     run(t, 7)
     assert seen[0][0] is t and seen[0][1] == 7
@@ -310,9 +334,16 @@ def test_triton_launch_args_are_read_from_the_launching_frame():
 def test_cuda_recorder_installs_and_restores_its_patches():
     """Runs on any machine: the patched names exist in this torch and triton, and come back."""
     import triton
-    names = [(torch.cuda.CUDAGraph, "capture_begin"), (torch.cuda.CUDAGraph, "capture_end"),
-             (torch.cuda.Event, "record"), (torch.cuda.Event, "wait"), (torch.cuda.Stream, "wait_event"),
-             (torch.cuda.Stream, "wait_stream"), (torch.cuda.Stream, "record_event")]
+
+    names = [
+        (torch.cuda.CUDAGraph, "capture_begin"),
+        (torch.cuda.CUDAGraph, "capture_end"),
+        (torch.cuda.Event, "record"),
+        (torch.cuda.Event, "wait"),
+        (torch.cuda.Stream, "wait_event"),
+        (torch.cuda.Stream, "wait_stream"),
+        (torch.cuda.Stream, "record_event"),
+    ]
     before = [getattr(c, n) for c, n in names]
     hooks = list(triton.knobs.runtime.launch_enter_hook.calls)
     with trace.CudaRecording(types.SimpleNamespace(name="cuda")) as rec:
@@ -328,7 +359,9 @@ def test_recording_refuses_an_unknown_backend():
         audit.recording(types.SimpleNamespace(name="cpu"))
 
 
-gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: run on the H200 through the device tool")
+gpu = pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs CUDA: run on the H200 through the device tool"
+)
 
 
 def _cuda_race(fix=None):
@@ -352,6 +385,7 @@ def _cuda_race(fix=None):
         u.fill_(-100.0)
         main.wait_stream(side)
         return r * 1, u
+
     return fn
 
 
@@ -359,9 +393,12 @@ def _cuda_race(fix=None):
 @gpu
 def test_cuda_reuse_race_is_named():
     from nblib.backends.device import get
+
     dev = get("cuda")
     rep = audit.audit_capture(_cuda_race(), device=dev)
-    assert any(h.reused and h.first.stream == "side" and h.second.stream == "main" for h in rep.hazards), str(rep)
+    assert any(h.reused and h.first.stream == "side" and h.second.stream == "main" for h in rep.hazards), str(
+        rep
+    )
     r = next(h for h in rep.hazards if h.reused).row()
     assert "t = x * 2" in r["first_alloc"] and "del t" in r["first_free"]
 
@@ -371,6 +408,7 @@ def test_cuda_reuse_race_is_named():
 @pytest.mark.parametrize("fix", ["join", "record_stream"])
 def test_cuda_fixes_are_clean(fix):
     from nblib.backends.device import get
+
     dev = get("cuda")
     rep = audit.audit_capture(_cuda_race(fix), device=dev)
     assert rep.ok, str(rep)
@@ -380,10 +418,15 @@ def test_cuda_fixes_are_clean(fix):
 @gpu
 def test_cuda_model_configurations():
     from nblib.backends.device import get
+
     dev = get("cuda")
-    for dtype, overlap, policy in [("bf16", "on", "transient"), ("bf16", "off", "transient"),
-                                   ("bf16", "on", "persistent"), ("bf16", "on", "record_stream"),
-                                   ("fp8", "on", "transient")]:
+    for dtype, overlap, policy in [
+        ("bf16", "on", "transient"),
+        ("bf16", "off", "transient"),
+        ("bf16", "on", "persistent"),
+        ("bf16", "on", "record_stream"),
+        ("fp8", "on", "transient"),
+    ]:
         m = DecodeModel(ModelConfig(**TINY, index_dtype=dtype, overlap=overlap, logits_policy=policy), dev)
         with audit.recording(dev) as rec:
             Runner(m, [2, 8], "graph").capture(record=rec)
@@ -396,7 +439,9 @@ def test_cuda_model_configurations():
 
 
 # the gpu profile's model (small cache): its captures alias the logits with the MLP on the H200
-GPU_MODEL = dict(heads=64, dim=128, topk=512, max_ctx=65536, d_model=4096, ffn=32768, num_pages=512, vocab=4096)
+GPU_MODEL = dict(
+    heads=64, dim=128, topk=512, max_ctx=65536, d_model=4096, ffn=32768, num_pages=512, vocab=4096
+)
 
 
 @pytest.mark.gpu
@@ -407,6 +452,7 @@ def test_cuda_sanitizer_cannot_tell_the_race_from_the_fixes():
     on side), and flags the persistent buffer too, after a capture whose side-stream work it never
     sees joined. The audit (test_cuda_model_configurations) separates all three."""
     from nblib.instruments import csan
+
     runs = {r["logits_policy"]: r for r in csan.compare(GPU_MODEL, [2, 32, 64])}
     assert all(r["control"]["reported"] for r in runs.values()), runs
     for p in ("transient", "record_stream"):
@@ -417,7 +463,9 @@ def test_cuda_sanitizer_cannot_tell_the_race_from_the_fixes():
 
 def test_csan_without_a_gpu_fails_in_one_line_before_starting_a_child(monkeypatch):
     import subprocess
+
     from nblib.instruments import csan
+
     if torch.cuda.is_available():
         pytest.skip("CSAN runs where there is CUDA")
     monkeypatch.setattr(subprocess, "run", lambda *a, **k: pytest.fail("started a child process"))

@@ -1,17 +1,20 @@
 """The canary on the simulator: a hand-planted live-page overwrite is classed as one; clean runs are quiet."""
+
 import pytest
 import torch
 
-from nblib.instruments import canary
 from nblib.backends import device
-from nblib.instruments.canary import Canary, page_checksums
 from nblib.engine.model import DecodeModel, ModelConfig
-from nblib.instruments.overhead import full_batch
 from nblib.engine.runner import Runner
 from nblib.engine.workload import WorkloadConfig, run_sessions
+from nblib.instruments import canary
+from nblib.instruments.canary import Canary, page_checksums
+from nblib.instruments.overhead import full_batch
 
 CI = dict(heads=4, dim=32, topk=16, max_ctx=1024, d_model=256, ffn=1024, num_pages=300, vocab=512)
-W = dict(sessions=6, rounds=2, ctx_min=64, ctx_max=600, turn_ctx=64, out_min=4, out_max=9, think_min=1, think_max=3)
+W = dict(
+    sessions=6, rounds=2, ctx_min=64, ctx_max=600, turn_ctx=64, out_min=4, out_max=9, think_min=1, think_max=3
+)
 
 
 def _setup(overlap="off", bucket=2):
@@ -19,8 +22,15 @@ def _setup(overlap="off", bucket=2):
     m = DecodeModel(ModelConfig(**CI, overlap=overlap), dev)
     runner = Runner(m, [bucket]).capture()
     args = full_batch(m, bucket)
-    step = dict(index=0, bs=bucket, bucket=bucket, tokens=args[0], page_table=args[1], seq_lens=args[2],
-                store_slots=args[3])
+    step = dict(
+        index=0,
+        bs=bucket,
+        bucket=bucket,
+        tokens=args[0],
+        page_table=args[1],
+        seq_lens=args[2],
+        store_slots=args[3],
+    )
     return m, runner, args, step
 
 
@@ -33,12 +43,12 @@ def test_planted_writes_are_classed():
     free = max(set(range(1, m.cfg.num_pages)) - live)
     c.before(step)
     runner.run(*args)
-    m.index_cache[victim, 5, 0] += 1          # the plant: a live page nobody stores into this step
-    m.index_cache[free, 0, 0] = 3.0           # and a page no request holds
+    m.index_cache[victim, 5, 0] += 1  # the plant: a live page nobody stores into this step
+    m.index_cache[free, 0, 0] = 3.0  # and a page no request holds
     rec = c.after(step)
     assert rec["live_overwrites"] == [victim] and rec["free_writes"] == [free]
     assert rec["expected"] == len(expected) == 2 and rec["expected_unchanged"] == 0
-    assert rec["changed"] == 2 + 2 and not rec["scratch"]   # the two stores, the two plants
+    assert rec["changed"] == 2 + 2 and not rec["scratch"]  # the two stores, the two plants
     s = c.summary()
     assert (s["live_overwrites"], s["free_page_writes"], s["steps_with_live_overwrite"]) == (1, 1, 1)
     assert "1 live-page overwrites" in canary.describe(s)
@@ -48,10 +58,10 @@ def test_no_alarm_without_writes_and_checksum_sees_a_swap():
     m, runner, args, step = _setup()
     c = Canary(m)
     c.before(step)
-    rec = c.after(step)                      # nothing ran in between
+    rec = c.after(step)  # nothing ran in between
     assert rec["changed"] == 0 and not rec["live_overwrites"]
     before = page_checksums(m.index_cache)
-    m.index_cache[7, [0, 1]] = m.index_cache[7, [1, 0]]   # same words, moved
+    m.index_cache[7, [0, 1]] = m.index_cache[7, [1, 0]]  # same words, moved
     assert torch.nonzero(page_checksums(m.index_cache) != before).flatten().tolist() == [7]
 
 
@@ -77,12 +87,14 @@ def test_clean_run_is_quiet_and_counts_add_up():
 
 def test_a_passive_instrument_leaves_the_verdicts_alone():
     """With instruments, each step replays before its reference; nothing either computes changes."""
+
     class Passive:
         def before(self, step):
             assert step["live_pages"] and 0 not in step["live_pages"]
 
         def after(self, step):
             pass
+
     out = []
     for inst in ((), (Passive(),)):
         dev = device.get("sim")

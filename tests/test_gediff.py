@@ -1,16 +1,16 @@
 """The graph-vs-eager differential on the simulator: a planted logits mismatch is caught; clean is clean."""
+
 import pytest
 import torch
+from test_canary import CI, W
 
 from nblib.backends import device
-from nblib.instruments import gediff
-from nblib.instruments.gediff import GEDiff
 from nblib.engine.model import DecodeModel, ModelConfig
-from nblib.instruments.overhead import full_batch
 from nblib.engine.runner import Runner
 from nblib.engine.workload import WorkloadConfig, run_sessions
-
-from test_canary import CI, W
+from nblib.instruments import gediff
+from nblib.instruments.gediff import GEDiff
+from nblib.instruments.overhead import full_batch
 
 
 def _captured(bucket=2):
@@ -30,7 +30,7 @@ def test_clean_replay_agrees_then_a_planted_mismatch_is_caught():
     logits = gd.stash[2]["logits"]
     top = set(gd.recompute(2)[0].topk(m.cfg.topk).indices.tolist())
     j = next(t for t in range(int(args[2][0])) if t not in top)
-    logits[0, j] = 1e30                      # the plant: one entry of row 0 jumps to the top
+    logits[0, j] = 1e30  # the plant: one entry of row 0 jumps to the top
     rec = gd.compare(2, rows=2)
     assert rec["diverged"] and rec["max_abs"] > 1e29
     assert (rec["argmax_rows"], rec["topk_rows"]) == (1, 1)
@@ -40,8 +40,8 @@ def test_clean_replay_agrees_then_a_planted_mismatch_is_caught():
 
 def test_replay_refreshes_the_stash():
     m, gd, runner, args = _captured()
-    gd.stash[2]["logits"].fill_(7.0)         # stale stash...
-    runner.run(*args)                         # ...overwritten by the captured clone
+    gd.stash[2]["logits"].fill_(7.0)  # stale stash...
+    runner.run(*args)  # ...overwritten by the captured clone
     assert not gd.compare(2, rows=2)["diverged"]
 
 

@@ -130,8 +130,15 @@ def test_ref_fp8_matches_naive():
     pages = ix.quantize_fp8_pages(x["k"])
     q8 = x["q"].to(torch.float8_e4m3fn)
     ref = ix.ref_logits_fp8(q8, x["w"], pages, x["page_table"], x["seq_lens"], x["max_len"], torch.float64)
-    want = naive_logits(q8.double(), x["w"], ix.fp8_values(pages), ix.fp8_scales(pages),
-                        x["page_table"], x["seq_lens"], x["max_len"])
+    want = naive_logits(
+        q8.double(),
+        x["w"],
+        ix.fp8_values(pages),
+        ix.fp8_scales(pages),
+        x["page_table"],
+        x["seq_lens"],
+        x["max_len"],
+    )
     assert torch.equal(torch.isneginf(ref), torch.isneginf(want))
     assert rel_err(ref, want) < 1e-12
     # the production (bf16 compute) reference is close, not exact: scores round to bf16
@@ -149,7 +156,9 @@ def test_kernel_dense_path_matches_reference(cfg, dtype):
     q, k = x["q"].to(dtype), x["k"].to(dtype)
     out = poisoned(3, x["max_len"])
     ix.indexer_logits_bf16_(q, x["w"], k, x["page_table"], x["seq_lens"], out, config=cfg)
-    ref = ix.ref_logits_bf16(q.double(), x["w"].double(), k.double(), x["page_table"], x["seq_lens"], x["max_len"])
+    ref = ix.ref_logits_bf16(
+        q.double(), x["w"].double(), k.double(), x["page_table"], x["seq_lens"], x["max_len"]
+    )
     assert_logits(out, ref, 1e-6 if dtype == torch.float32 else 1e-5)
 
 
@@ -179,8 +188,15 @@ def test_every_element_written_and_nothing_else(is_fp8):
     out = big[:, :max_len]
     cfg = dict(CONFIGS[1])  # 128-entry tiles straddle max_len = 192
     if is_fp8:
-        ix.indexer_logits_fp8_(x["q"].to(torch.float8_e4m3fn), x["w"], ix.quantize_fp8_pages(x["k"]),
-                               x["page_table"], x["seq_lens"], out, config=cfg)
+        ix.indexer_logits_fp8_(
+            x["q"].to(torch.float8_e4m3fn),
+            x["w"],
+            ix.quantize_fp8_pages(x["k"]),
+            x["page_table"],
+            x["seq_lens"],
+            out,
+            config=cfg,
+        )
     else:
         ix.indexer_logits_bf16_(x["q"], x["w"], x["k"], x["page_table"], x["seq_lens"], out, config=cfg)
     assert not torch.isnan(out).any()
@@ -197,9 +213,25 @@ def _compile_sm90(is_fp8, cfg, dim=128, heads=64):
     from triton.compiler import ASTSource
 
     kdt = "fp8e4nv" if is_fp8 else "bf16"
-    ptrs = dict(q_ptr=f"*{kdt}", w_ptr="*fp32", k_ptr=f"*{kdt}", scale_ptr="*fp32" if is_fp8 else f"*{kdt}",
-                pt_ptr="*i32", seq_lens_ptr="*i32", out_ptr="*fp32")
-    ints = ["H", "max_len", "tiles_per_prog", "stride_qb", "stride_qh", "stride_wb", "stride_ptb", "stride_ob"]
+    ptrs = dict(
+        q_ptr=f"*{kdt}",
+        w_ptr="*fp32",
+        k_ptr=f"*{kdt}",
+        scale_ptr="*fp32" if is_fp8 else f"*{kdt}",
+        pt_ptr="*i32",
+        seq_lens_ptr="*i32",
+        out_ptr="*fp32",
+    )
+    ints = [
+        "H",
+        "max_len",
+        "tiles_per_prog",
+        "stride_qb",
+        "stride_qh",
+        "stride_wb",
+        "stride_ptb",
+        "stride_ob",
+    ]
     consts = dict(D=dim, BLOCK_H=heads, BLOCK_T=cfg["block_t"], IS_FP8=is_fp8, FP32_IEEE=False)
     sig = {**ptrs, **{n: "i32" for n in ints}, **{n: "constexpr" for n in consts}}
     names = list(sig)
@@ -226,8 +258,10 @@ def test_kernel_compiles_for_sm90_with_wgmma_and_pipelining(is_fp8):
     assert "wgmma.mma_async" in ptx, "dot did not lower to Hopper wgmma"
     assert "cp.async.cg.shared.global" in ptx, "K tile not loaded with 16-byte async copies"
     assert "ttg.async_wait" in ttgir and "{num = 0" in ttgir  # sanity: pipelined loads exist
-    if cfg["num_stages"] > 4:   # a deep pipeline was asked for: it must overlap copies with the dot
-        assert re.search(r"async_wait[^{]*\{num = [1-9]", ttgir), "no copy/compute overlap (all waits are num=0)"
+    if cfg["num_stages"] > 4:  # a deep pipeline was asked for: it must overlap copies with the dot
+        assert re.search(r"async_wait[^{]*\{num = [1-9]", ttgir), (
+            "no copy/compute overlap (all waits are num=0)"
+        )
     assert ".local" not in ptx, "register spills"
     assert k.metadata.shared <= 227 * 1024
 
@@ -280,10 +314,14 @@ def test_write_entries_fp8_lands_at_slots_only():
     changed[slots.long()] = True
     for j, s in enumerate(slots.tolist()):
         p, o = divmod(s, PAGE)
-        assert torch.equal(ix.fp8_values(pages)[p, o].view(torch.uint8), ix.fp8_values(want)[0, j].view(torch.uint8))
+        assert torch.equal(
+            ix.fp8_values(pages)[p, o].view(torch.uint8), ix.fp8_values(want)[0, j].view(torch.uint8)
+        )
         assert ix.fp8_scales(pages)[p, o] == ix.fp8_scales(want)[0, j]
     keep = ~changed.view(4, PAGE)
-    assert torch.equal(ix.fp8_values(pages).view(torch.uint8)[keep], ix.fp8_values(before).view(torch.uint8)[keep])
+    assert torch.equal(
+        ix.fp8_values(pages).view(torch.uint8)[keep], ix.fp8_values(before).view(torch.uint8)[keep]
+    )
     assert torch.equal(ix.fp8_scales(pages)[keep], ix.fp8_scales(before)[keep])
     assert not torch.equal(pages, before)
 
@@ -316,7 +354,9 @@ def test_cpu_custom_op_bf16_equals_reference():
     ix.indexer_logits_bf16(x["q"], x["w"], x["k"], x["page_table"], x["seq_lens"], out)
     ref = ix.ref_logits_bf16(x["q"], x["w"], x["k"], x["page_table"], x["seq_lens"], x["max_len"])
     assert torch.equal(out, ref)
-    ref64 = ix.ref_logits_bf16(x["q"].double(), x["w"].double(), x["k"].double(), x["page_table"], x["seq_lens"], x["max_len"])
+    ref64 = ix.ref_logits_bf16(
+        x["q"].double(), x["w"].double(), x["k"].double(), x["page_table"], x["seq_lens"], x["max_len"]
+    )
     assert_logits(out, ref64, 1e-2)
 
 
@@ -334,16 +374,19 @@ def test_custom_op_opcheck():
     # garbage page ids would be fine for the op but opcheck compares runs; keep them valid
     x["page_table"].clamp_(0, x["k"].shape[0] - 1)
     out = torch.zeros(3, x["max_len"])
-    torch.library.opcheck(torch.ops.csi.indexer_logits_bf16.default,
-                          (x["q"], x["w"], x["k"], x["page_table"], x["seq_lens"], out))
+    torch.library.opcheck(
+        torch.ops.csi.indexer_logits_bf16.default,
+        (x["q"], x["w"], x["k"], x["page_table"], x["seq_lens"], out),
+    )
 
 
 def _run_without_interpreter(code, timeout):
     """python -c code from the repository root, in a process without TRITON_INTERPRET."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    return subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def test_import_and_cpu_op_without_interpreter():
@@ -362,10 +405,12 @@ def test_import_and_cpu_op_without_interpreter():
 
 
 def test_topk_indices_semantics():
-    logits = torch.tensor([
-        [0.5, NEG_INF, 3.0, 1.0, NEG_INF, 2.0],
-        [NEG_INF, NEG_INF, 4.0, NEG_INF, NEG_INF, NEG_INF],
-    ])
+    logits = torch.tensor(
+        [
+            [0.5, NEG_INF, 3.0, 1.0, NEG_INF, 2.0],
+            [NEG_INF, NEG_INF, 4.0, NEG_INF, NEG_INF, NEG_INF],
+        ]
+    )
     idx = ix.topk_indices(logits, 4)
     assert idx.dtype == torch.int32 and idx.shape == (2, 4)
     assert idx.tolist() == [[0, 2, 3, 5], [2, -1, -1, -1]]
@@ -405,7 +450,9 @@ def test_launcher_validation_errors():
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: run on the H200 through the device tool")
+@pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs CUDA: run on the H200 through the device tool"
+)
 def test_gpu_check_both_dtypes():
     # TRITON_INTERPRET=1 is set above, so the GPU run needs a fresh process without it
     code = (

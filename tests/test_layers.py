@@ -1,5 +1,6 @@
 """The floor plan: nblib's packages form layers, a package imports only from layers below it,
 no module imports itself back through others, and no module grows past 500 lines."""
+
 import ast
 from pathlib import Path
 
@@ -30,13 +31,16 @@ def imports(path):
 def layer(mod):
     parts = mod.split(".")
     if parts[0] == "kernels":
-        return -1   # beside nblib: may use nblib.core only
+        return -1  # beside nblib: may use nblib.core only
     return LAYERS.index(parts[1]) if len(parts) > 1 and parts[1] in LAYERS else None
 
 
 def test_every_module_sits_in_a_layer():
-    loose = [m for m, _ in modules() if m.startswith("nblib.") and layer(m) is None
-             and m not in ("nblib.__main__",)]
+    loose = [
+        m
+        for m, _ in modules()
+        if m.startswith("nblib.") and layer(m) is None and m not in ("nblib.__main__",)
+    ]
     assert loose == [], f"modules outside the layer packages: {loose}"
 
 
@@ -66,7 +70,7 @@ def test_no_import_cycle():
         state[m] = "open"
         for d in graph[m]:
             if state.get(d) == "open":
-                cycles.append(stack[stack.index(d):] + [d])
+                cycles.append(stack[stack.index(d) :] + [d])
             elif d not in state:
                 visit(d, stack + [d])
         state[m] = "done"

@@ -1,34 +1,38 @@
 """The notebooks, executed headlessly by papermill with the ci profile on the simulator: the whole
 suite runs once (the ci_suite fixture, as CI runs the main job) and each test reads that run."""
+
 import json
 import shutil
 
 import pytest
 import yaml
 
-from nblib.publish import params as P
-from nblib.studies import reproduce
-from nblib.publish import suite
-from nblib.engine.model import LOGITS_POLICIES
 from nblib.backends.device import get
+from nblib.engine.model import LOGITS_POLICIES
+from nblib.publish import params as P
+from nblib.publish import suite
+from nblib.studies import reproduce
 
 CI = P.ROOT / "params" / "ci.yaml"
-
-
 
 
 def test_notebook_00_reproduces_the_fingerprint_on_sim(ci_suite):
     res = json.loads((ci_suite / "00_reproduce.results.json").read_text())
     assert res["status"] == "ok" and res["backend"] == "sim"
     assert all(c["holds"] for c in res["fingerprint"]), res["fingerprint"]
-    bad = [r for r in res["matrix"] if r["index_dtype"] == "bf16" and r["mode"] == "graph"
-           and r["overlap"] == "on" and r["bucket"] > 1]
+    bad = [
+        r
+        for r in res["matrix"]
+        if r["index_dtype"] == "bf16" and r["mode"] == "graph" and r["overlap"] == "on" and r["bucket"] > 1
+    ]
     # intermittent, as in the campaign: some bucket's session rate strictly between 0 and 1
     assert any(0 < r["corrupted_sessions"] < r["sessions"] for r in bad)
     # the mechanism is shown: the corrupting bucket's logits shared bytes with a main-stream tensor
     corrupting = {r["bucket"] for r in bad if r["corrupted_sessions"]}
-    assert any(a["bucket"] in corrupting and a["first"] == "indexer.logits" and a["second_stream"] == "main"
-               for a in res["aliases"])
+    assert any(
+        a["bucket"] in corrupting and a["first"] == "indexer.logits" and a["second_stream"] == "main"
+        for a in res["aliases"]
+    )
     assert res["seconds"] < 60
     assert (ci_suite / "00_reproduce.html").stat().st_size > 10_000
 
@@ -54,8 +58,9 @@ def test_same_seed_same_matrix():
     for _ in range(2):
         dev = get("sim")
         dev.manual_seed(1)
-        rows, aliases = reproduce.corruption_matrix(dev, prof["model"], [1, 2], small, ["bf16"], ["graph"], ["on"],
-                                                    progress=None)
+        rows, aliases = reproduce.corruption_matrix(
+            dev, prof["model"], [1, 2], small, ["bf16"], ["graph"], ["on"], progress=None
+        )
         runs.append(json.dumps([rows, [{k: v for k, v in a.items() if "addr" not in k} for a in aliases]]))
     assert runs[0] == runs[1]
 
@@ -74,6 +79,7 @@ def test_a_failed_notebook_is_marked_failed_and_earlier_results_stay(ci_suite, t
 
 def test_profile_for_a_missing_backend_fails_before_running(tmp_path):
     import torch
+
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
     with pytest.raises(RuntimeError, match="use backend 'sim'"):
@@ -103,7 +109,9 @@ def test_notebook_02_graph_vs_eager(ci_suite):
     assert res["overhead"][0]["ratio"] == 1.0 and all(r["median_ms"] > 0 for r in res["overhead"])
     log = (ci_suite / "02_graph_vs_eager.gediff.log").read_text().splitlines()
     assert len(log) == res["gediff_summary"]["comparisons"]
-    index = {r["notebook"]: r["status"] for r in json.loads((ci_suite / "index.json").read_text())["notebooks"]}
+    index = {
+        r["notebook"]: r["status"] for r in json.loads((ci_suite / "index.json").read_text())["notebooks"]
+    }
     assert index["01_canary"] == index["02_graph_vs_eager"] == "ok"
 
 
@@ -113,10 +121,10 @@ def test_notebook_03_names_the_race_where_it_corrupts_and_nowhere_else(ci_suite)
     assert all(c["holds"] for c in res["checks"]), res["checks"]
     rows = res["toggles"]
     assert len(rows) == len(LOGITS_POLICIES) * 2 * 2 * len(res["params"]["buckets"])
-    assert any(r["corrupted_sessions"] for r in rows)                 # the bug shows somewhere ...
+    assert any(r["corrupted_sessions"] for r in rows)  # the bug shows somewhere ...
     for r in rows:
         racy = r["index_dtype"] == "bf16" and r["logits_policy"] == "transient" and r["overlap"] == "on"
-        assert (r["hazards"] > 0) == racy, r                          # ... and the audit names exactly it
+        assert (r["hazards"] > 0) == racy, r  # ... and the audit names exactly it
         if r["corrupted_sessions"]:
             assert "indexer.logits (side)" in r["tensors"] and "(main)" in r["tensors"]
     h = res["hazards"][0]
@@ -141,6 +149,8 @@ def test_notebook_04_proves_the_fixes_on_the_simulator(ci_suite):
     assert not audit["buggy overlap"]["ok"] and all(audit[v]["ok"] for v in pooled if v != "buggy overlap")
     checks = {c["check"]: c["holds"] for c in res["checks"]}
     assert all(v for k, v in checks.items() if "sessions" in k or "audit" in k), res["checks"]
-    assert {t["variant"] for t in res["times"]} == set(pooled) and all(t["median_ms"] > 0 for t in res["times"])
+    assert {t["variant"] for t in res["times"]} == set(pooled) and all(
+        t["median_ms"] > 0 for t in res["times"]
+    )
     assert all(c["holds"] is None for c in res["checks"] if "decode step" in c["check"])  # sim: not judged
     assert (ci_suite / "04_step_times.png").exists()

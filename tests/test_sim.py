@@ -1,25 +1,26 @@
 """The CPU simulator: allocator policy, capture, replay timing, and the race it must reproduce."""
+
 import glob
 import json
 import os
 
 import pytest
 import torch
+from miniature import N, reuse_race_step
 
 from nblib.backends.sim import MB, CachingAllocator, SimCaptureError, SimDevice, allocation_size, round_size
 
-from miniature import N, reuse_race_step
-
-A, B = "streamA", "streamB"     # the allocator used alone keys blocks by any hashable stream
+A, B = "streamA", "streamB"  # the allocator used alone keys blocks by any hashable stream
 
 
 # ------------------------------------------------------------------------------------------------
 # allocator policy (CUDACachingAllocator defaults)
 # ------------------------------------------------------------------------------------------------
 
+
 def test_rounding_and_segment_sizes():
     assert [round_size(n) for n in (1, 511, 512, 513, 1000, 4096)] == [512, 512, 512, 1024, 1024, 4096]
-    assert allocation_size(512) == 2 * MB and allocation_size(1 * MB) == 2 * MB       # small pool
+    assert allocation_size(512) == 2 * MB and allocation_size(1 * MB) == 2 * MB  # small pool
     assert allocation_size(1 * MB + 512) == 20 * MB and allocation_size(10 * MB - 512) == 20 * MB
     assert allocation_size(10 * MB) == 10 * MB and allocation_size(11 * MB) == 12 * MB  # 2 MiB rounding
 
@@ -36,20 +37,20 @@ def test_small_and_large_pools_use_separate_segments():
 
 def test_split_thresholds():
     al = CachingAllocator()
-    _, b = al.malloc(1000, A)                   # small: split when the rest is >= 512 bytes
+    _, b = al.malloc(1000, A)  # small: split when the rest is >= 512 bytes
     assert b.size == 1024 and b.next.size == 2 * MB - 1024 and not b.next.allocated
-    _, c = al.malloc(19 * MB, A)                # large: 1 MiB left, not > 1 MiB: no split
+    _, c = al.malloc(19 * MB, A)  # large: 1 MiB left, not > 1 MiB: no split
     assert c.size == 20 * MB and c.next is None
-    _, d = al.malloc(18 * MB + 512, A)          # 20 MiB segment, 2 MiB - 512 left: split
+    _, d = al.malloc(18 * MB + 512, A)  # 20 MiB segment, 2 MiB - 512 left: split
     assert d.size == 18 * MB + 512 and d.next.size == 2 * MB - 512
-    _, e = al.malloc(12 * MB, A)                # >= 10 MiB: a segment of its own size
+    _, e = al.malloc(12 * MB, A)  # >= 10 MiB: a segment of its own size
     assert e.size == 12 * MB and e.segment.size == 12 * MB
 
 
 def test_best_fit_smallest_then_lowest_address():
     al = CachingAllocator()
     a = al.malloc(4096, A)[1]
-    al.malloc(512, A)                           # guards keep freed blocks from merging
+    al.malloc(512, A)  # guards keep freed blocks from merging
     c = al.malloc(8192, A)[1]
     al.malloc(512, A)
     d = al.malloc(4096, A)[1]
@@ -57,9 +58,9 @@ def test_best_fit_smallest_then_lowest_address():
     addrs = a.addr, c.addr, d.addr
     for blk in (c, d, a):
         al.free(blk)
-    assert al.malloc(4000, A)[0] == addrs[0]    # two 4 KiB candidates: the lower address
+    assert al.malloc(4000, A)[0] == addrs[0]  # two 4 KiB candidates: the lower address
     assert al.malloc(4096, A)[0] == addrs[2]
-    assert al.malloc(5000, A)[0] == addrs[1]    # the only one left that fits (split, 3 KiB left)
+    assert al.malloc(5000, A)[0] == addrs[1]  # the only one left that fits (split, 3 KiB left)
     assert al.malloc(3072, A)[0] == addrs[1] + 5120
 
 
@@ -67,7 +68,7 @@ def test_free_blocks_are_keyed_by_allocation_stream():
     al = CachingAllocator()
     addr_a, blk = al.malloc(64 * 1024, A)
     al.free(blk)
-    addr_b, _ = al.malloc(64 * 1024, B)         # B never sees A's free block: a segment of its own
+    addr_b, _ = al.malloc(64 * 1024, B)  # B never sees A's free block: a segment of its own
     assert addr_b != addr_a and len(al.segments) == 2
     assert al.malloc(64 * 1024, A)[0] == addr_a
 
@@ -77,9 +78,9 @@ def test_free_merges_neighbours_back_into_the_segment():
     x, y, z = (al.malloc(4096, A)[1] for _ in range(3))
     seg = x.segment
     al.free(x)
-    al.free(z)                                  # merges with the free tail
+    al.free(z)  # merges with the free tail
     assert [b.size for b in _blocks(seg)] == [4096, 4096, 2 * MB - 8192]
-    al.free(y)                                  # merges with both neighbours
+    al.free(y)  # merges with both neighbours
     assert [b.size for b in _blocks(seg)] == [2 * MB] and seg.head.addr == seg.addr
     assert al.malloc(3 * 4096, A)[0] == seg.addr
 
@@ -98,9 +99,9 @@ def test_private_pool_is_shared_across_captures_and_kept_apart_from_others():
     addr, blk = al.malloc(32 * 1024, A)
     al.free(blk)
     al.end_capture()
-    assert al.malloc(32 * 1024, A)[0] != addr   # the default pool does not see private blocks
+    assert al.malloc(32 * 1024, A)[0] != addr  # the default pool does not see private blocks
     al.begin_capture((0, 1))
-    assert al.malloc(32 * 1024, A)[0] == addr   # the next capture into the same pool does
+    assert al.malloc(32 * 1024, A)[0] == addr  # the next capture into the same pool does
     al.end_capture()
     al.begin_capture((0, 2))
     assert al.malloc(32 * 1024, A)[0] != addr
@@ -113,10 +114,10 @@ def test_record_stream_defers_the_free_until_capture_ends():
     addr, blk = al.malloc(32 * 1024, A)
     al.record_stream(blk, B)
     al.free(blk)
-    assert al.malloc(32 * 1024, A)[0] != addr   # not reusable while capturing
+    assert al.malloc(32 * 1024, A)[0] != addr  # not reusable while capturing
     al.end_capture()
     al.begin_capture((0, 1))
-    assert al.malloc(32 * 1024, A)[0] == addr   # free once the capture is over
+    assert al.malloc(32 * 1024, A)[0] == addr  # free once the capture is over
     al.end_capture()
 
 
@@ -125,8 +126,12 @@ def test_log_names_every_event():
     addr, blk = al.malloc(100, A)
     al.free(blk)
     acts = [(e["action"], e["addr"], e["size"], e["stream"]) for e in al.log]
-    assert acts == [("segment_alloc", addr, 2 * MB, A), ("alloc", addr, 100, A),
-                    ("free_requested", addr, 100, A), ("free_completed", addr, 100, A)]
+    assert acts == [
+        ("segment_alloc", addr, 2 * MB, A),
+        ("alloc", addr, 100, A),
+        ("free_requested", addr, 100, A),
+        ("free_completed", addr, 100, A),
+    ]
 
 
 def replay_trace(events, pool=(0, 1)):
@@ -179,8 +184,10 @@ def test_a_captured_trace_replays_to_the_same_sharing():
 GPU_TRACES = sorted(glob.glob(os.path.join(os.path.dirname(__file__), "data", "alloc_trace*.json")))
 
 
-@pytest.mark.skipif(not GPU_TRACES, reason="no recorded CUDA allocator trace in tests/data "
-                    "(scripts/alloc_trace.py records one on a GPU)")
+@pytest.mark.skipif(
+    not GPU_TRACES,
+    reason="no recorded CUDA allocator trace in tests/data (scripts/alloc_trace.py records one on a GPU)",
+)
 @pytest.mark.parametrize("path", GPU_TRACES)
 def test_recorded_cuda_trace_replays_to_the_same_sharing(path):
     events = json.load(open(path))["events"]
@@ -191,6 +198,7 @@ def test_recorded_cuda_trace_replays_to_the_same_sharing(path):
 # eager mode, streams, capture errors
 # ------------------------------------------------------------------------------------------------
 
+
 def test_eager_runs_in_program_order_as_plain_cpu_torch():
     dev = SimDevice()
     s = dev.Stream()
@@ -198,11 +206,11 @@ def test_eager_runs_in_program_order_as_plain_cpu_torch():
     with dev.stream(s):
         assert dev.current_stream() is s and not dev.is_current_stream_capturing()
         y = x * 2
-        x.add_(1)                                 # after y: y still sees the old x
+        x.add_(1)  # after y: y still sees the old x
     dev.current_stream().wait_stream(s)
     assert dev.current_stream() is dev.default_stream
     assert torch.equal(y, torch.arange(6.0) * 2) and torch.equal(x, torch.arange(6.0) + 1)
-    assert not dev.arena.chunks and not dev.allocator.log    # nothing went through the arena
+    assert not dev.arena.chunks and not dev.allocator.log  # nothing went through the arena
     dev.synchronize()
 
 
@@ -215,7 +223,7 @@ def test_capture_runs_nothing_and_replay_writes_persistent_tensors():
         assert dev.is_current_stream_capturing()
         cache.add_(src * 3)
     assert not dev.is_current_stream_capturing()
-    assert torch.equal(cache, torch.zeros(4))    # real capture runs nothing
+    assert torch.equal(cache, torch.zeros(4))  # real capture runs nothing
     g.replay()
     g.replay()
     assert torch.equal(cache, torch.full((4,), 6.0))
@@ -226,20 +234,18 @@ def test_a_raising_capture_leaves_nothing_half_finished():
     before = dev.current_stream()
     x = torch.ones(3)
     g = dev.CUDAGraph()
-    with pytest.raises(SimCaptureError, match="_local_scalar_dense"):
-        with dev.graph(g):
-            if (x * 2).sum() > 0:                 # a data-dependent branch: a host sync
-                pass
+    with pytest.raises(SimCaptureError, match="_local_scalar_dense"), dev.graph(g):
+        if (x * 2).sum() > 0:  # a data-dependent branch: a host sync
+            pass
     assert not dev.is_current_stream_capturing() and dev.current_stream() is before
-    assert torch._C._len_torch_dispatch_stack() == 0           # the mode was popped
-    assert torch.equal(x * 2, torch.full((3,), 2.0))          # no dispatch mode left behind
+    assert torch._C._len_torch_dispatch_stack() == 0  # the mode was popped
+    assert torch.equal(x * 2, torch.full((3,), 2.0))  # no dispatch mode left behind
     with pytest.raises(RuntimeError, match="not captured"):
         g.replay()
-    with pytest.raises(ValueError, match="boom"):
-        with dev.graph(dev.CUDAGraph()):
-            raise ValueError("boom")
+    with pytest.raises(ValueError, match="boom"), dev.graph(dev.CUDAGraph()):
+        raise ValueError("boom")
     assert dev._cap is None and dev.current_stream() is before
-    g2 = dev.CUDAGraph()                          # and the next capture works
+    g2 = dev.CUDAGraph()  # and the next capture works
     with dev.graph(g2):
         y = x + 1
     g2.replay()
@@ -248,24 +254,21 @@ def test_a_raising_capture_leaves_nothing_half_finished():
 
 def test_op_errors_name_the_op():
     dev = SimDevice()
-    with pytest.raises(SimCaptureError, match="aten.mm"):
-        with dev.graph(dev.CUDAGraph()):
-            torch.ones(2, 3) @ torch.ones(2, 3)
+    with pytest.raises(SimCaptureError, match="aten.mm"), dev.graph(dev.CUDAGraph()):
+        torch.ones(2, 3) @ torch.ones(2, 3)
 
 
 def test_streams_must_join_and_be_joined():
     dev = SimDevice()
     side = dev.Stream()
     x = torch.ones(8)
-    with pytest.raises(SimCaptureError, match="not part of the capture"):
-        with dev.graph(dev.CUDAGraph()):
-            with dev.stream(side):
-                x * 2
-    with pytest.raises(SimCaptureError, match="not joined"):
-        with dev.graph(dev.CUDAGraph()):
-            side.wait_stream(dev.current_stream())
-            with dev.stream(side):
-                x * 2
+    with pytest.raises(SimCaptureError, match="not part of the capture"), dev.graph(dev.CUDAGraph()):
+        with dev.stream(side):
+            x * 2
+    with pytest.raises(SimCaptureError, match="not joined"), dev.graph(dev.CUDAGraph()):
+        side.wait_stream(dev.current_stream())
+        with dev.stream(side):
+            x * 2
     assert dev._cap is None
 
 
@@ -295,6 +298,7 @@ def test_events_order_streams():
 # the race: a main-stream transient consumed on the side stream and freed before the join
 # ------------------------------------------------------------------------------------------------
 
+
 def race(dev, fix=None, replays=200):
     """The engine's pattern in miniature. Returns (the two addresses, [side result correct?])."""
     side = dev.Stream()
@@ -313,7 +317,7 @@ def race(dev, fix=None, replays=200):
 
 def test_race_aliases_and_corrupts_intermittently():
     (t_addr, u_addr), ok = race(SimDevice(seed=1))
-    assert t_addr == u_addr                   # the freed block went to the next main-stream tensor
+    assert t_addr == u_addr  # the freed block went to the next main-stream tensor
     assert 0 < sum(ok) < len(ok), f"{sum(ok)}/{len(ok)} replays correct: expected some of each"
 
 
@@ -349,7 +353,7 @@ def test_same_seed_same_bits():
 
     (a, sa), (b, sb), (_, sc) = run(5), run(5), run(6)
     assert torch.equal(a, b) and sa == sb
-    assert sa != sc                               # the jitter follows the seed
+    assert sa != sc  # the jitter follows the seed
 
 
 def test_timeline_overlaps_concurrent_branches():
@@ -378,15 +382,18 @@ SIM_TINY = dict(heads=4, dim=32, topk=16, max_ctx=1024, d_model=256, ffn=512, nu
 
 def _batches(n, bs, gen, max_pages=16, num_pages=256):
     for _ in range(n):
-        yield (torch.randint(0, 512, (bs,), generator=gen),
-               torch.randint(1, num_pages, (bs, max_pages), generator=gen, dtype=torch.int32),
-               torch.randint(1, max_pages * 64, (bs,), generator=gen, dtype=torch.int32),
-               torch.full((bs,), 63))
+        yield (
+            torch.randint(0, 512, (bs,), generator=gen),
+            torch.randint(1, num_pages, (bs, max_pages), generator=gen, dtype=torch.int32),
+            torch.randint(1, max_pages * 64, (bs,), generator=gen, dtype=torch.int32),
+            torch.full((bs,), 63),
+        )
 
 
 def _divergent_steps(**knobs):
     from nblib.engine.model import DecodeModel, ModelConfig
     from nblib.engine.runner import Runner
+
     dev = SimDevice(seed=0)
     m = DecodeModel(ModelConfig(**SIM_TINY, **knobs), dev)
     gen = torch.Generator().manual_seed(0)
@@ -454,4 +461,6 @@ def test_recorded_cuda_trace_same_overlapping_pairs_and_the_cross_stream_alias(p
     sim = _overlaps([(s, s + e["size"]) for (_, s), e in zip(pairs, allocs)])
     assert real == sim and len(real) > 100
     # the recorded capture has the alias the reproducer names: logits and the MLP share bytes
-    assert {(a["bucket"], a["first"], a["second"]) for a in trace["aliases"]} >= {(64, "indexer.logits", "mlp.up")}
+    assert {(a["bucket"], a["first"], a["second"]) for a in trace["aliases"]} >= {
+        (64, "indexer.logits", "mlp.up")
+    }

@@ -6,16 +6,24 @@ import torch
 from kernels import indexer as kx
 from nblib.backends import device
 from nblib.core import stats
-from nblib.engine.model import DecodeModel, ModelConfig
-from nblib.studies.reproduce import check_matrix_args, fingerprint
 from nblib.core.results import Results
+from nblib.engine.model import ModelConfig
 from nblib.engine.runner import Runner, bucket_for
 from nblib.engine.workload import WorkloadConfig, run_sessions
+from nblib.studies.reproduce import check_matrix_args, fingerprint
 
-from conftest import TINY
-
-W = dict(sessions=6, rounds=2, concurrency=4, ctx_min=64, ctx_max=600, turn_ctx=64, out_min=4, out_max=9,
-         think_min=1, think_max=3)
+W = dict(
+    sessions=6,
+    rounds=2,
+    concurrency=4,
+    ctx_min=64,
+    ctx_max=600,
+    turn_ctx=64,
+    out_min=4,
+    out_max=9,
+    think_min=1,
+    think_max=3,
+)
 
 
 def test_wilson_known_values():
@@ -62,7 +70,7 @@ def test_eager_step_matches_direct_reference(tiny_model):
     q = (x @ m.w_q).view(bs, m.cfg.heads, m.cfg.dim)
     logits = kx.ref_logits_bf16(q, (x @ m.w_head).float(), m.index_cache, table, seq, m.cfg.max_ctx)
     assert torch.equal(topk, kx.topk_indices(logits, m.cfg.topk))
-    assert (topk[2] >= 0).sum() == 1 and (topk[1] >= 0).sum() == 32   # only live entries selected
+    assert (topk[2] >= 0).sum() == 1 and (topk[1] >= 0).sum() == 32  # only live entries selected
     assert out.shape == (bs, m.cfg.d_model) and torch.isfinite(out.float()).all()
 
 
@@ -93,7 +101,7 @@ def test_verdicts_count_a_diverged_step(tiny_model):
 def test_continuous_batching_pads_to_buckets(tiny_model):
     r = run_sessions(Runner(tiny_model, [1, 2, 4], "eager"), WorkloadConfig(**W))
     assert all(s["bs"] <= 4 and s["bucket"] == bucket_for(s["bs"], [1, 2, 4]) for s in r["step_log"])
-    assert {s["bs"] for s in r["step_log"]} >= {1, 4}     # the batch really fills and drains
+    assert {s["bs"] for s in r["step_log"]} >= {1, 4}  # the batch really fills and drains
     served = {}
     for s in r["step_log"]:
         for sid in s["sessions"]:
@@ -102,10 +110,12 @@ def test_continuous_batching_pads_to_buckets(tiny_model):
 
 
 def test_fingerprint_reports_what_rows_say():
-    rows = [dict(index_dtype="bf16", mode="graph", overlap="on", bucket=4, sessions=10, corrupted_sessions=3),
-            dict(index_dtype="bf16", mode="eager", overlap="on", bucket=4, sessions=10, corrupted_sessions=0),
-            dict(index_dtype="fp8", mode="graph", overlap="on", bucket=4, sessions=10, corrupted_sessions=1),
-            dict(index_dtype="bf16", mode="graph", overlap="off", bucket=1, sessions=10, corrupted_sessions=0)]
+    rows = [
+        dict(index_dtype="bf16", mode="graph", overlap="on", bucket=4, sessions=10, corrupted_sessions=3),
+        dict(index_dtype="bf16", mode="eager", overlap="on", bucket=4, sessions=10, corrupted_sessions=0),
+        dict(index_dtype="fp8", mode="graph", overlap="on", bucket=4, sessions=10, corrupted_sessions=1),
+        dict(index_dtype="bf16", mode="graph", overlap="off", bucket=1, sessions=10, corrupted_sessions=0),
+    ]
     fp = {c["check"]: c for c in fingerprint(rows)}
     assert fp["bf16 + graph + overlap on, bucket > 1"]["holds"]
     assert fp["eager"]["holds"] and not fp["fp8"]["holds"]
@@ -120,12 +130,12 @@ def test_results_status_is_ok_only_after_finish(tmp_path, eager_dev):
     res.finish()
     data = json.loads((tmp_path / "nb.results.json").read_text())
     assert data["status"] == "ok" and data["x"] == [1, 2] and data["params"] == {"a": 1}
-    assert list(tmp_path.iterdir()) == [tmp_path / "nb.results.json"]   # no temp files left
+    assert list(tmp_path.iterdir()) == [tmp_path / "nb.results.json"]  # no temp files left
 
 
 def test_fisher_known_values():
     assert stats.fisher(8, 10, 1, 6)["p"] == pytest.approx(0.034965, abs=1e-5)
-    assert stats.fisher(3, 4, 1, 4)["p"] == pytest.approx(0.485714, abs=1e-5)   # the lady tasting tea
+    assert stats.fisher(3, 4, 1, 4)["p"] == pytest.approx(0.485714, abs=1e-5)  # the lady tasting tea
     assert stats.fisher(1, 10, 11, 14)["p"] == pytest.approx(0.0027595, abs=1e-6)
     assert stats.fisher(0, 40, 0, 40)["p"] == 1.0
     with pytest.raises(ValueError):
@@ -133,27 +143,37 @@ def test_fisher_known_values():
 
 
 def test_sessions_needed_sanity():
-    assert stats.sessions_needed(0.15, method="normal") == 48      # the textbook formula, by hand: 47.2
+    assert stats.sessions_needed(0.15, method="normal") == 48  # the textbook formula, by hand: 47.2
     n = stats.sessions_needed(0.15)
     assert n >= 48 and stats.fisher_power(n, 0.15, 0) >= 0.8 > stats.fisher_power(n - 5, 0.15, 0)
     assert stats.sessions_needed(0.5) < stats.sessions_needed(0.15) < stats.sessions_needed(0.05)
     # exact power equals brute-force enumeration through scipy's Fisher test
     from scipy.stats import binom
-    brute = sum(binom.pmf(a, 10, 0.3) * binom.pmf(b, 10, 0.05) for a in range(11) for b in range(11)
-                if stats.fisher(a, 10, b, 10)["p"] < 0.05)
+
+    brute = sum(
+        binom.pmf(a, 10, 0.3) * binom.pmf(b, 10, 0.05)
+        for a in range(11)
+        for b in range(11)
+        if stats.fisher(a, 10, b, 10)["p"] < 0.05
+    )
     assert stats.fisher_power(10, 0.3, 0.05) == pytest.approx(brute, rel=1e-9)
-    assert stats.zero_failure_sessions(0.01) == 299 and stats.zero_failure_sessions(0.1) == 29   # ~3/target
+    assert stats.zero_failure_sessions(0.01) == 299 and stats.zero_failure_sessions(0.1) == 29  # ~3/target
     assert stats.wilson(0, stats.zero_failure_sessions(0.01))[1] < 0.0131
 
 
 def test_in_bucket_counts_only_the_steps_replayed_in_that_bucket():
     from nblib.engine.workload import in_bucket
+
     # a concurrency-8 run whose tail (2 sessions left) replays bucket 2, where the only bad row is
-    log = [dict(bucket=8, sessions=[0, 1, 2], bad_rows=0, rows=[0, 0, 0]),
-           dict(bucket=8, sessions=[0, 1, 2], bad_rows=0, rows=[0, 0, 0]),
-           dict(bucket=2, sessions=[1, 2], bad_rows=1, rows=[0, 1])]
+    log = [
+        dict(bucket=8, sessions=[0, 1, 2], bad_rows=0, rows=[0, 0, 0]),
+        dict(bucket=8, sessions=[0, 1, 2], bad_rows=0, rows=[0, 0, 0]),
+        dict(bucket=2, sessions=[1, 2], bad_rows=1, rows=[0, 1]),
+    ]
     r = dict(step_log=log)
-    assert in_bucket(r, 8) == dict(sessions=3, corrupted_sessions=0, steps=2, corrupted_steps=0,
-                                   tail_steps=1, tail_corrupted_steps=1)
-    assert in_bucket(r, 2) == dict(sessions=2, corrupted_sessions=1, steps=1, corrupted_steps=1,
-                                   tail_steps=2, tail_corrupted_steps=0)
+    assert in_bucket(r, 8) == dict(
+        sessions=3, corrupted_sessions=0, steps=2, corrupted_steps=0, tail_steps=1, tail_corrupted_steps=1
+    )
+    assert in_bucket(r, 2) == dict(
+        sessions=2, corrupted_sessions=1, steps=1, corrupted_steps=1, tail_steps=2, tail_corrupted_steps=0
+    )

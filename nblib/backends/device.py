@@ -5,6 +5,7 @@
     s = dev.Stream(); with dev.stream(s): ...; dev.current_stream().wait_stream(s)
     g = dev.CUDAGraph(); with dev.graph(g, pool=dev.graph_pool_handle()): ...; g.replay()
 """
+
 import torch
 
 BACKENDS = ("cuda", "sim")
@@ -56,8 +57,11 @@ def get(name="auto"):
         raise ValueError(f"unknown backend {name!r}: choose one of {', '.join(BACKENDS)} (or auto)")
     if name == "cuda":
         if not has_cuda():
-            raise RuntimeError("backend 'cuda' needs a CUDA GPU and this machine has none: "
-                               "use backend 'sim' (the CPU simulator) instead")
+            raise RuntimeError(
+                "backend 'cuda' needs a CUDA GPU and this machine has none: "
+                "use backend 'sim' (the CPU simulator) instead"
+            )
         return CudaDevice()
     from nblib.backends import sim  # imported lazily: the simulator is pure CPU code
+
     return sim.SimDevice()

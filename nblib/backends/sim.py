@@ -30,6 +30,7 @@ Outside capture, torch runs as plain CPU torch in program order (eager decode ne
 persistent tensors (weights, caches, static inputs) are ordinary CPU tensors outside the arena,
 like tensors allocated outside a graph pool on CUDA.
 """
+
 import bisect
 import gc
 import itertools
@@ -48,12 +49,12 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 # ------------------------------------------------------------------------------------------------
 
 MB = 1 << 20
-MIN_BLOCK = 512             # kMinBlockSize: every size is rounded up to a multiple of this
-SMALL_SIZE = 1 * MB         # kSmallSize: blocks up to this come from the small pool
-SMALL_BUFFER = 2 * MB       # kSmallBuffer: segment size of the small pool
-LARGE_BUFFER = 20 * MB      # kLargeBuffer: segment size for large requests below MIN_LARGE_ALLOC
-MIN_LARGE_ALLOC = 10 * MB   # kMinLargeAlloc
-ROUND_LARGE = 2 * MB        # kRoundLarge: larger requests get segments rounded up to this
+MIN_BLOCK = 512  # kMinBlockSize: every size is rounded up to a multiple of this
+SMALL_SIZE = 1 * MB  # kSmallSize: blocks up to this come from the small pool
+SMALL_BUFFER = 2 * MB  # kSmallBuffer: segment size of the small pool
+LARGE_BUFFER = 20 * MB  # kLargeBuffer: segment size for large requests below MIN_LARGE_ALLOC
+MIN_LARGE_ALLOC = 10 * MB  # kMinLargeAlloc
+ROUND_LARGE = 2 * MB  # kRoundLarge: larger requests get segments rounded up to this
 
 
 def round_size(size):
@@ -84,8 +85,19 @@ class Segment:
 class Block:
     """A contiguous piece of a segment; prev/next link the pieces of one segment by address."""
 
-    __slots__ = ("addr", "size", "requested", "stream", "pool", "prev", "next", "allocated",
-                 "stream_uses", "segment", "__weakref__")
+    __slots__ = (
+        "addr",
+        "size",
+        "requested",
+        "stream",
+        "pool",
+        "prev",
+        "next",
+        "allocated",
+        "stream_uses",
+        "segment",
+        "__weakref__",
+    )
 
     def __init__(self, addr, size, stream, pool, segment):
         self.addr, self.size, self.stream, self.pool, self.segment = addr, size, stream, pool, segment
@@ -104,8 +116,8 @@ class BlockPool:
 
     def __init__(self, is_small, pool_id):
         self.is_small, self.pool_id = is_small, pool_id
-        self.free = {}        # stream -> sorted [(size, addr)]
-        self.by_addr = {}     # addr -> free Block
+        self.free = {}  # stream -> sorted [(size, addr)]
+        self.by_addr = {}  # addr -> free Block
 
     def insert(self, b):
         bisect.insort(self.free.setdefault(b.stream, []), (b.size, b.addr))
@@ -143,6 +155,7 @@ def _virtual_segments(base=0x7F0000000000):
         addr = nxt[0]
         nxt[0] += ROUND_LARGE * ((nbytes + ROUND_LARGE - 1) // ROUND_LARGE)
         return addr
+
     return alloc
 
 
@@ -158,13 +171,13 @@ class CachingAllocator:
 
     def __init__(self, segment_alloc=None, context=None):
         self.segment_alloc = segment_alloc or _virtual_segments()
-        self.context = context          # () -> stack summary, or None
+        self.context = context  # () -> stack summary, or None
         self.default = PoolPair(None)
-        self.private = {}               # pool id -> PoolPair
-        self.capture_pool = None        # PoolPair allocations are routed to while capturing
-        self.deferred = []              # record_stream'ed blocks freed during capture
-        self.segments = []              # Segment list, in allocation order
-        self.active = {}                # addr -> allocated Block
+        self.private = {}  # pool id -> PoolPair
+        self.capture_pool = None  # PoolPair allocations are routed to while capturing
+        self.deferred = []  # record_stream'ed blocks freed during capture
+        self.segments = []  # Segment list, in allocation order
+        self.active = {}  # addr -> allocated Block
         self.log = []
         self._seq = itertools.count()
 
@@ -208,8 +221,8 @@ class CachingAllocator:
         else:
             bp.erase(b)
         remaining = b.size - rsize
-        if remaining >= MIN_BLOCK if bp.is_small else remaining > SMALL_SIZE:   # should_split()
-            head = Block(b.addr, rsize, stream, bp, b.segment)   # the front part is handed out
+        if remaining >= MIN_BLOCK if bp.is_small else remaining > SMALL_SIZE:  # should_split()
+            head = Block(b.addr, rsize, stream, bp, b.segment)  # the front part is handed out
             head.prev, head.next = b.prev, b
             if b.prev is not None:
                 b.prev.next = head
@@ -249,7 +262,7 @@ class CachingAllocator:
     def _free_block(self, b):
         bp = b.pool
         self._record("free_completed", b, b.requested)
-        for nb in (b.prev, b.next):                     # try_merge_blocks()
+        for nb in (b.prev, b.next):  # try_merge_blocks()
             if nb is None or nb.allocated or nb.stream_uses or nb.addr not in bp.by_addr:
                 continue
             bp.erase(nb)
@@ -269,9 +282,18 @@ class CachingAllocator:
 
     # -- introspection ------------------------------------------------------------------------
     def _record(self, action, b, size):
-        self.log.append(dict(seq=next(self._seq), action=action, addr=b.addr, size=size,
-                             block_size=b.size, stream=b.stream, pool=b.pool.pool_id,
-                             stack=self.context() if self.context else None))
+        self.log.append(
+            dict(
+                seq=next(self._seq),
+                action=action,
+                addr=b.addr,
+                size=size,
+                block_size=b.size,
+                stream=b.stream,
+                pool=b.pool.pool_id,
+                stack=self.context() if self.context else None,
+            )
+        )
 
     def blocks(self):
         """Every block of every segment, by segment then address."""
@@ -289,13 +311,23 @@ class CachingAllocator:
         for seg in self.segments:
             blocks, b = [], seg.head
             while b is not None:
-                state = "active_allocated" if b.allocated else (
-                    "active_pending_free" if b.stream_uses else "inactive")
+                state = (
+                    "active_allocated"
+                    if b.allocated
+                    else ("active_pending_free" if b.stream_uses else "inactive")
+                )
                 blocks.append(dict(address=b.addr, size=b.size, requested_size=b.requested, state=state))
                 b = b.next
-            segs.append(dict(address=seg.addr, total_size=seg.size, stream=_name(seg.stream),
-                             segment_type="small" if seg.pool.is_small else "large",
-                             segment_pool_id=seg.pool.pool_id, blocks=blocks))
+            segs.append(
+                dict(
+                    address=seg.addr,
+                    total_size=seg.size,
+                    stream=_name(seg.stream),
+                    segment_type="small" if seg.pool.is_small else "large",
+                    segment_pool_id=seg.pool.pool_id,
+                    blocks=blocks,
+                )
+            )
         trace = [dict(e, stream=_name(e["stream"]), frames=e["stack"] or []) for e in self.log]
         return dict(segments=segs, device_traces=[trace])
 
@@ -303,6 +335,7 @@ class CachingAllocator:
 # ------------------------------------------------------------------------------------------------
 # 2. The arena: CPU memory behind the allocator's addresses
 # ------------------------------------------------------------------------------------------------
+
 
 class _Owner:
     """numpy's view of one block; the block's tensors keep it alive through their storage, and a
@@ -316,7 +349,7 @@ class Arena:
 
     def __init__(self, chunk_bytes=256 * MB):
         self.chunk_bytes = chunk_bytes
-        self.chunks = []      # [base, nbytes, used, numpy uint8, torch uint8]
+        self.chunks = []  # [base, nbytes, used, numpy uint8, torch uint8]
 
     def segment(self, nbytes):
         for c in self.chunks:
@@ -327,8 +360,8 @@ class Arena:
         size = max(self.chunk_bytes, nbytes)
         arr = np.zeros(size + ROUND_LARGE, dtype=np.uint8)
         base = arr.ctypes.data
-        pad = (-base) % ROUND_LARGE                     # 2 MiB-aligned like cudaMalloc
-        arr = arr[pad:pad + size]
+        pad = (-base) % ROUND_LARGE  # 2 MiB-aligned like cudaMalloc
+        arr = arr[pad : pad + size]
         self.chunks.append([base + pad, size, nbytes, arr, torch.from_numpy(arr)])
         return base + pad
 
@@ -353,8 +386,10 @@ class Arena:
         """A view of the same bytes as arena tensor t that does not keep t's block alive."""
         st = t.untyped_storage()
         c = self.find(st.data_ptr())
-        off = st.data_ptr() - c[0]          # 512-aligned, so a whole number of elements
-        return c[4].view(t.dtype).as_strided(t.shape, t.stride(), off // t.element_size() + t.storage_offset())
+        off = st.data_ptr() - c[0]  # 512-aligned, so a whole number of elements
+        return (
+            c[4].view(t.dtype).as_strided(t.shape, t.stride(), off // t.element_size() + t.storage_offset())
+        )
 
     def owns(self, t):
         p = t.untyped_storage().data_ptr()
@@ -367,6 +402,7 @@ class Arena:
 # ------------------------------------------------------------------------------------------------
 # 3. Streams and events
 # ------------------------------------------------------------------------------------------------
+
 
 def _name(s):
     return getattr(s, "name", None) or str(s)
@@ -457,26 +493,35 @@ class _StreamCtx:
 # 4. Capture: a dispatch mode that records nodes and allocates their outputs, running nothing
 # ------------------------------------------------------------------------------------------------
 
+
 class SimCaptureError(RuntimeError):
     pass
 
 
 # ops that allocate and write nothing (no node)
-_EMPTY_OPS = {"aten::empty", "aten::empty_strided", "aten::empty_like", "aten::new_empty",
-              "aten::new_empty_strided"}
+_EMPTY_OPS = {
+    "aten::empty",
+    "aten::empty_strided",
+    "aten::empty_like",
+    "aten::new_empty",
+    "aten::new_empty_strided",
+}
 # outputs that alias their input's storage without an alias annotation
 _VIEW_LIKE = {"aten::_unsafe_view", "aten::lift_fresh"}
-_FORBIDDEN = {"aten::_local_scalar_dense": "reads a tensor value on the host (.item(), bool(), "
-              "int(), a data-dependent branch), a synchronization not permitted while capturing",
-              "aten::set_": "changes a tensor's storage", "aten::resize_": "resizes a tensor",
-              "aten::record_stream": "use dev.record_stream(t, stream) instead"}
+_FORBIDDEN = {
+    "aten::_local_scalar_dense": "reads a tensor value on the host (.item(), bool(), "
+    "int(), a data-dependent branch), a synchronization not permitted while capturing",
+    "aten::set_": "changes a tensor's storage",
+    "aten::resize_": "resizes a tensor",
+    "aten::record_stream": "use dev.record_stream(t, stream) instead",
+}
 
 
 @dataclass
 class _OpInfo:
-    kind: str                 # view | empty | node | forbid
-    returns: list             # per return: index of the argument it aliases (mutated) or None
-    mutated: list             # (index, name) of arguments written
+    kind: str  # view | empty | node | forbid
+    returns: list  # per return: index of the argument it aliases (mutated) or None
+    mutated: list  # (index, name) of arguments written
     n_returns: int
 
 
@@ -500,8 +545,9 @@ def _op_info(func):
                     src = i
                     break
         rets.append(src)
-    is_view = bool(schema.returns) and all(r.alias_info is not None and not r.alias_info.is_write
-                                           for r in schema.returns)
+    is_view = bool(schema.returns) and all(
+        r.alias_info is not None and not r.alias_info.is_write for r in schema.returns
+    )
     if name in _FORBIDDEN:
         kind = "forbid"
     elif is_view or name in _VIEW_LIKE:
@@ -556,8 +602,19 @@ class Node:
     frames at capture), alloc_seq (allocator log entries before it). run() executes it at once;
     read() computes from its inputs into temporaries and write(state) stores the results."""
 
-    __slots__ = ("index", "op", "stream", "deps", "nbytes", "accesses", "stack", "alloc_seq",
-                 "run", "read", "write")
+    __slots__ = (
+        "index",
+        "op",
+        "stream",
+        "deps",
+        "nbytes",
+        "accesses",
+        "stack",
+        "alloc_seq",
+        "run",
+        "read",
+        "write",
+    )
 
     def __repr__(self):
         return f"Node({self.index} {self.op} on {_name(self.stream)} after {list(self.deps)})"
@@ -566,9 +623,9 @@ class Node:
 class _Capture:
     def __init__(self, dev, graph, stream, pool_id):
         self.dev, self.graph, self.stream, self.pool_id = dev, graph, stream, pool_id
-        self.frontier = {stream: ()}      # stream -> node indices its next node depends on
+        self.frontier = {stream: ()}  # stream -> node indices its next node depends on
         self.nodes = []
-        self.syncs = []                   # (kind, stream, other, nodes recorded so far)
+        self.syncs = []  # (kind, stream, other, nodes recorded so far)
 
     def record(self, func, info, args, kwargs):
         dev = self.dev
@@ -577,7 +634,8 @@ class _Capture:
         if stream not in self.frontier:
             raise SimCaptureError(
                 f"{stream.name} is not part of the capture: it must wait on the capturing stream "
-                f"(e.g. {stream.name}.wait_stream(capture_stream)) before queuing work")
+                f"(e.g. {stream.name}.wait_stream(capture_stream)) before queuing work"
+            )
         fresh = [i for i, src in enumerate(info.returns) if src is None]
         outs = {}
         if fresh:
@@ -588,7 +646,9 @@ class _Capture:
                 outs[i] = dev._alloc_like(mres[i], stream)
         result = []
         for i, src in enumerate(info.returns):
-            result.append(outs[i] if src is None else _arg(args, kwargs, src, func._schema.arguments[src].name))
+            result.append(
+                outs[i] if src is None else _arg(args, kwargs, src, func._schema.arguments[src].name)
+            )
         if info.kind == "empty":
             return result[0]
         # the node: shadows of arena tensors (they do not keep blocks alive), persistent tensors as is
@@ -597,8 +657,9 @@ class _Capture:
         for i, name in info.mutated:
             v = _arg(args, kwargs, i, name)
             mut_objs.extend(v if isinstance(v, (list, tuple)) else [v])
-        mut_idx = [j for j, x in enumerate(flat) if isinstance(x, torch.Tensor)
-                   and any(x is m for m in mut_objs)]
+        mut_idx = [
+            j for j, x in enumerate(flat) if isinstance(x, torch.Tensor) and any(x is m for m in mut_objs)
+        ]
         leaves, accesses, nbytes, seen = [], [], 0, set()
         for j, x in enumerate(flat):
             if isinstance(x, torch.Tensor):
@@ -660,9 +721,11 @@ def _make_closures(func, leaves, spec, mut_idx, out_shadows, n_returns):
             write_outs(res)
 
     if not mut_idx:
+
         def read():
             return func(*args, **kwargs), None
     else:
+
         def read():
             tmp = list(leaves)
             clones = []
@@ -708,12 +771,14 @@ class _CaptureMode(TorchDispatchMode):
 # 5. Graphs and replay
 # ------------------------------------------------------------------------------------------------
 
+
 @dataclass
 class Timing:
     """Replay timing model: duration = (latency + bytes / bandwidth) * lognormal(0, sigma)."""
-    latency: float = 4e-6          # seconds per kernel launch
-    bandwidth: float = 1e11        # bytes per second
-    sigma: float = 0.25            # jitter
+
+    latency: float = 4e-6  # seconds per kernel launch
+    bandwidth: float = 1e11  # bytes per second
+    sigma: float = 0.25  # jitter
 
 
 class SimGraph:
@@ -754,7 +819,8 @@ class SimGraph:
             if any(i not in seen for i in fr):
                 raise SimCaptureError(
                     f"capture ended with work on {s.name} not joined into the capturing stream "
-                    f"(cudaErrorStreamCaptureUnjoined): call capture_stream.wait_stream({s.name})")
+                    f"(cudaErrorStreamCaptureUnjoined): call capture_stream.wait_stream({s.name})"
+                )
         self.nodes, self.syncs = cap.nodes, cap.syncs
         n = len(self.nodes)
         self._deps = [nd.deps for nd in self.nodes]
@@ -790,7 +856,7 @@ class SimGraph:
         n = len(self.nodes)
         if n == 0:
             return
-        if self._serial:                   # one stream: the timing model cannot reorder anything
+        if self._serial:  # one stream: the timing model cannot reorder anything
             for f in self._run:
                 f()
             return
@@ -802,20 +868,19 @@ class SimGraph:
         for i, deps in enumerate(self._deps):
             s = 0.0
             for d in deps:
-                if ends[d] > s:
-                    s = ends[d]
+                s = max(s, ends[d])
             starts[i] = s
             ends[i] = s + dur[i]
             events.append((s, 1, i))
             events.append((ends[i], 0, i))
-        events.sort()                      # at equal times, ends before starts
+        events.sort()  # at equal times, ends before starts
         nodes, pending = self.nodes, {}
         j, m = 0, len(events)
         while j < m:
             _, kind, i = events[j]
             if kind == 1:
                 nxt = events[j + 1] if j + 1 < m else None
-                if nxt is not None and nxt[2] == i:      # nothing happens in between: run at once
+                if nxt is not None and nxt[2] == i:  # nothing happens in between: run at once
                     nodes[i].run()
                     j += 2
                     continue
@@ -835,7 +900,7 @@ class _GraphCtx:
         self.stream = stream if stream is not None else dev._capture_stream()
 
     def __enter__(self):
-        if self.dev.gc_before_capture:          # torch.cuda.graph collects garbage here (~80 ms)
+        if self.dev.gc_before_capture:  # torch.cuda.graph collects garbage here (~80 ms)
             gc.collect()
         self.prev = self.dev._cur
         self.dev._cur = self.stream
@@ -863,6 +928,7 @@ class _GraphCtx:
 # 6. The facade
 # ------------------------------------------------------------------------------------------------
 
+
 class SimDevice:
     """torch.cuda's names over the simulator; see the module docstring."""
 
@@ -877,10 +943,11 @@ class SimDevice:
         self.torch_device = torch.device("cpu")
         self.timing = timing or Timing()
         self.arena = Arena(arena_chunk_bytes)
-        self.record_stacks = True        # Python stacks on allocator events and nodes
-        self.gc_before_capture = False   # torch.cuda.graph runs gc.collect() before capturing
-        self.allocator = CachingAllocator(self.arena.segment,
-                                          context=lambda: python_stack() if self.record_stacks else None)
+        self.record_stacks = True  # Python stacks on allocator events and nodes
+        self.gc_before_capture = False  # torch.cuda.graph runs gc.collect() before capturing
+        self.allocator = CachingAllocator(
+            self.arena.segment, context=lambda: python_stack() if self.record_stacks else None
+        )
         self._stream_ids = itertools.count()
         self._pool_ids = itertools.count(1)
         self.default_stream = SimStream(self, name="default")
@@ -919,7 +986,7 @@ class SimDevice:
         return self._cap is not None and self._cur in self._cap.frontier
 
     def _capture_stream(self):
-        if self._cap_stream is None:           # torch.cuda.graph.default_capture_stream
+        if self._cap_stream is None:  # torch.cuda.graph.default_capture_stream
             self._cap_stream = SimStream(self, name="capture")
         return self._cap_stream
 
@@ -930,8 +997,7 @@ class SimDevice:
         if n == 0:
             return torch.empty_strided(meta.shape, meta.stride(), dtype=meta.dtype)
         addr, block = self.allocator.malloc(n, stream)
-        t = self.arena.tensor(addr, n, meta.dtype, meta.shape, meta.stride(),
-                              _Freer(self.allocator, block))
+        t = self.arena.tensor(addr, n, meta.dtype, meta.shape, meta.stride(), _Freer(self.allocator, block))
         if meta.storage_offset():
             t = t.as_strided(meta.shape, meta.stride(), meta.storage_offset())
         return t

@@ -3,6 +3,7 @@
 The file is rewritten atomically at every update; "status" is "running" until the notebook's last
 cell sets it to "ok", so a run that died (or timed out inside papermill) never says ok.
 """
+
 import json
 import os
 import platform
@@ -20,7 +21,7 @@ def write_json(path, obj):
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    os.chmod(tmp, 0o644)   # mkstemp makes 0600; results are for everyone to read
+    os.chmod(tmp, 0o644)  # mkstemp makes 0600; results are for everyone to read
     with os.fdopen(fd, "w") as f:
         json.dump(obj, f, indent=1, default=str)
         f.write("\n")
@@ -34,10 +35,12 @@ def commit():
         return os.environ["NBLIB_COMMIT"]
     root = ROOT
     try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
-                              text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                               capture_output=True, text=True).stdout.strip()
+        head = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True, text=True
+        ).stdout.strip()
         return head + ("+dirty" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
         return os.environ.get("NBLIB_COMMIT", "unknown")
@@ -46,11 +49,18 @@ def commit():
 def environment(dev):
     try:
         import triton
+
         triton_version = triton.__version__
     except ImportError:
         triton_version = None
-    return dict(backend=dev.name, device=dev.device_name(), torch=torch.__version__,
-                triton=triton_version, commit=commit(), python=platform.python_version())
+    return dict(
+        backend=dev.name,
+        device=dev.device_name(),
+        torch=torch.__version__,
+        triton=triton_version,
+        commit=commit(),
+        python=platform.python_version(),
+    )
 
 
 class Results:
@@ -69,6 +79,6 @@ class Results:
         return self.data[key]
 
     def finish(self):
-        self.data["status"] = "ok"   # last, on purpose
+        self.data["status"] = "ok"  # last, on purpose
         write_json(self.path, self.data)
         return self.path

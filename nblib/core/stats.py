@@ -1,4 +1,5 @@
 """Statistics for corruption rates: the campaign eyeballed 3 runs of 40 sessions; we don't."""
+
 import math
 
 
@@ -10,7 +11,7 @@ def wilson(k, n, z=1.959963984540054):
     denom = 1 + z * z / n
     centre = (p + z * z / (2 * n)) / denom
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    lo = 0.0 if k == 0 else max(0.0, centre - half)   # exact ends: no rounding dust at 0 or n
+    lo = 0.0 if k == 0 else max(0.0, centre - half)  # exact ends: no rounding dust at 0 or n
     hi = 1.0 if k == n else min(1.0, centre + half)
     return lo, hi
 
@@ -29,6 +30,7 @@ def fisher(k1, n1, k2, n2):
     """Fisher's exact test (two-sided) of k1/n1 against k2/n2: dict(p, odds_ratio).
     The question it answers: could both arms share one corruption rate?"""
     from scipy.stats import fisher_exact
+
     if not (0 <= k1 <= n1 and 0 <= k2 <= n2):
         raise ValueError(f"need 0 <= k <= n in both arms, got {k1}/{n1} and {k2}/{n2}")
     odds, p = fisher_exact([[k1, n1 - k1], [k2, n2 - k2]], alternative="two-sided")
@@ -37,6 +39,7 @@ def fisher(k1, n1, k2, n2):
 
 def _z(q):
     from scipy.stats import norm
+
     return float(norm.ppf(q))
 
 
@@ -52,8 +55,9 @@ def sessions_needed(p0, p1=0.0, alpha=0.05, power=0.8, method="fisher"):
         raise ValueError(f"need 0 <= p1 < p0 <= 1, got p0={p0}, p1={p1}")
     za, zb = _z(1 - alpha / 2), _z(power)
     pbar = (p0 + p1) / 2
-    n = (za * math.sqrt(2 * pbar * (1 - pbar)) + zb * math.sqrt(p0 * (1 - p0) + p1 * (1 - p1))) ** 2 \
-        / (p0 - p1) ** 2
+    n = (za * math.sqrt(2 * pbar * (1 - pbar)) + zb * math.sqrt(p0 * (1 - p0) + p1 * (1 - p1))) ** 2 / (
+        p0 - p1
+    ) ** 2
     n = math.ceil(n)
     if method == "normal":
         return n
@@ -72,10 +76,11 @@ def fisher_power(n, p0, p1, alpha=0.05):
     probability under (p0, p1)."""
     import numpy as np
     from scipy.stats import binom, hypergeom
+
     f0, f1 = binom.pmf(np.arange(n + 1), n, p0), binom.pmf(np.arange(n + 1), n, p1)
     total = 0.0
     for K in range(2 * n + 1):
-        x = np.arange(max(0, K - n), min(n, K) + 1)       # arm 0's share of the K
+        x = np.arange(max(0, K - n), min(n, K) + 1)  # arm 0's share of the K
         null = hypergeom.pmf(x, 2 * n, K, n)
         order = np.sort(null)
         pvals = np.cumsum(order)[np.searchsorted(order, null * (1 + 1e-7), side="right") - 1]

@@ -10,6 +10,7 @@ never freed, so no other tensor, on any stream, can be given them. Keying by str
 two concurrent users, or two buckets' graphs, from sharing one buffer. A request first made while
 capturing is refused: allocated then, the buffer would come from the graph's pool, which is the bug.
 """
+
 import torch
 
 
@@ -33,7 +34,8 @@ class PersistentBuffers:
             if self.dev.is_current_stream_capturing():
                 raise PersistentBufferError(
                     f"persistent buffer {_name(k)} first requested inside a capture, where it would come "
-                    f"from the graph's pool: reserve it before capturing (DecodeModel.prepare(bucket) does)")
+                    f"from the graph's pool: reserve it before capturing (DecodeModel.prepare(bucket) does)"
+                )
             self._bufs[k] = torch.empty(k[2], dtype=dtype, device=self.dev.torch_device)
         return self._bufs[k]
 
@@ -52,8 +54,10 @@ class PersistentBuffers:
         return sum(t.numel() * t.element_size() for t in self._bufs.values())
 
     def describe(self):
-        return [dict(buffer=_name(k), nbytes=t.numel() * t.element_size(), addr=hex(t.data_ptr()))
-                for k, t in self._bufs.items()]
+        return [
+            dict(buffer=_name(k), nbytes=t.numel() * t.element_size(), addr=hex(t.data_ptr()))
+            for k, t in self._bufs.items()
+        ]
 
 
 def _name(k):

@@ -21,8 +21,9 @@ Knobs, as in the real engine:
                 logits.record_stream(side) before the free, so the allocator does not reuse the
                 block while the capture lasts.
 """
-from dataclasses import dataclass, replace
+
 import math
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -45,13 +46,13 @@ def check_choice(name, value, choices):
 
 @dataclass(frozen=True)
 class ModelConfig:
-    heads: int = 64          # index heads
-    dim: int = 128           # index head dim (also the KV entry width)
+    heads: int = 64  # index heads
+    dim: int = 128  # index head dim (also the KV entry width)
     topk: int = 512
-    max_ctx: int = 65536     # compressed entries a request may hold (max_c4_seq_len)
+    max_ctx: int = 65536  # compressed entries a request may hold (max_c4_seq_len)
     d_model: int = 4096
     ffn: int = 32768
-    num_pages: int = 4096    # pages in each cache, page 0 is scratch
+    num_pages: int = 4096  # pages in each cache, page 0 is scratch
     vocab: int = 4096
     index_dtype: str = "bf16"
     overlap: str = "on"
@@ -82,14 +83,14 @@ class DecodeModel:
 
         D, H, M = cfg.dim, cfg.heads, cfg.d_model
         self.embed = w(cfg.vocab, M, scale=1.0)
-        self.w_idx_k = w(M, D, scale=M ** -0.5)      # compressor: index-K entry
-        self.w_kv = w(M, D, scale=M ** -0.5)         # compressor: KV entry for sparse attention
-        self.w_q = w(M, H * D, scale=M ** -0.5)
-        self.w_head = w(M, H, scale=M ** -0.5)
-        self.w_qa = w(M, D, scale=M ** -0.5)
-        self.w_o = w(D, M, scale=D ** -0.5)
-        self.w_up = w(M, cfg.ffn, scale=M ** -0.5)
-        self.w_down = w(cfg.ffn, M, scale=cfg.ffn ** -0.5)
+        self.w_idx_k = w(M, D, scale=M**-0.5)  # compressor: index-K entry
+        self.w_kv = w(M, D, scale=M**-0.5)  # compressor: KV entry for sparse attention
+        self.w_q = w(M, H * D, scale=M**-0.5)
+        self.w_head = w(M, H, scale=M**-0.5)
+        self.w_qa = w(M, D, scale=M**-0.5)
+        self.w_o = w(D, M, scale=D**-0.5)
+        self.w_up = w(M, cfg.ffn, scale=M**-0.5)
+        self.w_down = w(cfg.ffn, M, scale=cfg.ffn**-0.5)
         slots = cfg.num_pages * PAGE
         if cfg.index_dtype == "bf16":
             self.index_cache = torch.zeros(cfg.num_pages, PAGE, D, dtype=torch.bfloat16, device=d)
@@ -97,8 +98,8 @@ class DecodeModel:
             self.index_cache = torch.zeros(cfg.num_pages, kx.fp8_page_bytes(D), dtype=torch.uint8, device=d)
         self.kv_cache = torch.zeros(slots, D, dtype=torch.bfloat16, device=d)
         self.side = dev.Stream()
-        self.buffers = PersistentBuffers(dev)   # logits_policy persistent: made before capture
-        self.captures = []            # (bucket, name, tensor, stream) noted while capturing
+        self.buffers = PersistentBuffers(dev)  # logits_policy persistent: made before capture
+        self.captures = []  # (bucket, name, tensor, stream) noted while capturing
 
     # -- cache writes, used by prefill (eager) and by the compressor inside the step ------------
     def store(self, slots, h_idx, h_kv):
@@ -129,7 +130,7 @@ class DecodeModel:
     def step(self, tokens, page_table, seq_lens, store_slots):
         """One decode step. Returns (out [bs, d_model], topk [bs, topk]). Plain torch + facade."""
         cfg, dev = self.cfg, self.dev
-        x = self.embed[tokens]                                   # [bs, M]
+        x = self.embed[tokens]  # [bs, M]
         # compressor: every request writes one slot; those not at a 4-token boundary write scratch
         self.store(store_slots, x @ self.w_idx_k, x @ self.w_kv)
         q = (x @ self.w_q).view(-1, cfg.heads, cfg.dim)
@@ -142,13 +143,12 @@ class DecodeModel:
             with dev.stream(self.side):
                 topk = self.indexer(q, head_w, page_table, seq_lens, logits)
             if cfg.logits_policy == "record_stream" and logits is not None:
-                dev.record_stream(logits, self.side)   # the free waits for the side stream's use
-            del logits    # the engine's transient dies here, before the join
+                dev.record_stream(logits, self.side)  # the free waits for the side stream's use
+            del logits  # the engine's transient dies here, before the join
             y = self.mlp(x)
             main.wait_stream(self.side)
         else:
-            topk = self.indexer(q, head_w, page_table, seq_lens,
-                                self._logits_buffer(len(tokens), use="main"))
+            topk = self.indexer(q, head_w, page_table, seq_lens, self._logits_buffer(len(tokens), use="main"))
             y = self.mlp(x)
         return y + self.sparse_attention(x, topk, page_table, seq_lens), topk
 
@@ -164,12 +164,12 @@ class DecodeModel:
         self.note("indexer.logits", t, use)
         return t
 
-    gediff = None   # the graph-vs-eager differential's hook (nblib.instruments.gediff), called while capturing
+    gediff = None  # the graph-vs-eager differential's hook (nblib.instruments.gediff), called while capturing
 
     def indexer(self, q, head_w, page_table, seq_lens, logits):
         logits = self.index_logits(q, head_w, page_table, seq_lens, logits)
         if self.gediff is not None and self.dev.is_current_stream_capturing():
-            self.gediff(q, head_w, page_table, seq_lens, logits)   # its clones are captured too
+            self.gediff(q, head_w, page_table, seq_lens, logits)  # its clones are captured too
         return kx.topk_indices(logits, self.cfg.topk)
 
     def index_logits(self, q, head_w, page_table, seq_lens, logits=None):
@@ -181,8 +181,9 @@ class DecodeModel:
         if cfg.index_dtype == "bf16":
             kx.indexer_logits_bf16(q, head_w, self.index_cache, page_table, seq_lens, logits)
         else:
-            kx.indexer_logits_fp8(q.to(torch.float8_e4m3fn), head_w, self.index_cache,
-                                  page_table, seq_lens, logits)
+            kx.indexer_logits_fp8(
+                q.to(torch.float8_e4m3fn), head_w, self.index_cache, page_table, seq_lens, logits
+            )
         return logits
 
     def mlp(self, x):
@@ -200,20 +201,27 @@ class DecodeModel:
         valid = (topk >= 0) & (topk < seq_lens.unsqueeze(1))
         t = torch.where(valid, topk, 0).long()
         slots = page_table.long().gather(1, t // PAGE) * PAGE + t % PAGE
-        kv = self.kv_cache[slots].float()                         # [bs, K, D]
-        qa = (x @ self.w_qa).float()                              # [bs, D]
+        kv = self.kv_cache[slots].float()  # [bs, K, D]
+        qa = (x @ self.w_qa).float()  # [bs, D]
         scores = (kv @ qa.unsqueeze(-1)).squeeze(-1) / math.sqrt(self.cfg.dim)
         p = torch.softmax(scores.masked_fill(~valid, float("-inf")), dim=-1)
         attn = (p.unsqueeze(1) @ kv).squeeze(1).to(torch.bfloat16)
         return attn @ self.w_o
 
     # -- what the capture allocated, for naming aliases ----------------------------------------
-    bucket = None   # set by the runner while it captures
+    bucket = None  # set by the runner while it captures
 
     def note(self, name, t, use=None):
         """Remember a transient's bytes and the stream that uses them (default: the current one),
         while capturing."""
         if self.dev.is_current_stream_capturing():
             use = use or ("side" if self.dev.current_stream() == self.side else "main")
-            self.captures.append(dict(bucket=self.bucket, tensor=name, addr=t.data_ptr(),
-                                      nbytes=t.numel() * t.element_size(), stream=use))
+            self.captures.append(
+                dict(
+                    bucket=self.bucket,
+                    tensor=name,
+                    addr=t.data_ptr(),
+                    nbytes=t.numel() * t.element_size(),
+                    stream=use,
+                )
+            )

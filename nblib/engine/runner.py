@@ -4,13 +4,14 @@ Buckets are captured largest first into one shared graph pool (so smaller bucket
 larger ones' freed blocks, as SGLang and vLLM do); a batch is padded up to its bucket.
 Padding rows read page 0, the scratch page, and store into its last slot.
 """
+
 import contextlib
 
 import torch
 
 from nblib.engine.model import PAGE
 
-SCRATCH_SLOT = PAGE - 1   # page 0, last slot: where rows with nothing to store write
+SCRATCH_SLOT = PAGE - 1  # page 0, last slot: where rows with nothing to store write
 MODES = ("graph", "eager")
 
 
@@ -42,10 +43,14 @@ class StaticBatch:
 
     def fill(self, tokens, page_table, seq_lens, store_slots):
         n = len(tokens)
-        self.tokens[:n].copy_(tokens); self.tokens[n:].zero_()
-        self.page_table[:n].copy_(page_table); self.page_table[n:].zero_()
-        self.seq_lens[:n].copy_(seq_lens); self.seq_lens[n:].fill_(1)
-        self.store_slots[:n].copy_(store_slots); self.store_slots[n:].fill_(SCRATCH_SLOT)
+        self.tokens[:n].copy_(tokens)
+        self.tokens[n:].zero_()
+        self.page_table[:n].copy_(page_table)
+        self.page_table[n:].zero_()
+        self.seq_lens[:n].copy_(seq_lens)
+        self.seq_lens[n:].fill_(1)
+        self.store_slots[:n].copy_(store_slots)
+        self.store_slots[n:].fill_(SCRATCH_SLOT)
 
 
 class Runner:
@@ -80,7 +85,7 @@ class Runner:
             dev.synchronize()
             g = dev.CUDAGraph()
             model.bucket = b
-            with (record(b) if record else contextlib.nullcontext()), dev.graph(g, pool=self.pool):
+            with record(b) if record else contextlib.nullcontext(), dev.graph(g, pool=self.pool):
                 out, topk = model.step(*st.args())
             model.bucket = None
             self.graphs[b] = (g, out, topk)
@@ -106,7 +111,7 @@ class Runner:
         st = StaticBatch(b, self.max_pages, self.dev.torch_device)
         st.fill(tokens, page_table, seq_lens, store_slots)
         out, topk = self.model.step(*st.args())
-        return out[:len(tokens)], topk[:len(tokens)]
+        return out[: len(tokens)], topk[: len(tokens)]
 
     def aliases(self):
         """Pairs of transients noted during capture that share bytes but are used on different
@@ -114,15 +119,24 @@ class Runner:
         found = []
         notes = self.model.captures
         for i, a in enumerate(notes):
-            for b in notes[i + 1:]:
+            for b in notes[i + 1 :]:
                 if a["bucket"] != b["bucket"] or a["stream"] == b["stream"]:
                     continue
                 lo = max(a["addr"], b["addr"])
                 hi = min(a["addr"] + a["nbytes"], b["addr"] + b["nbytes"])
                 if lo < hi:
-                    found.append(dict(bucket=a["bucket"], first=a["tensor"], first_stream=a["stream"],
-                                      first_addr=hex(a["addr"]), first_nbytes=a["nbytes"],
-                                      second=b["tensor"], second_stream=b["stream"],
-                                      second_addr=hex(b["addr"]), second_nbytes=b["nbytes"],
-                                      shared_bytes=hi - lo))
+                    found.append(
+                        dict(
+                            bucket=a["bucket"],
+                            first=a["tensor"],
+                            first_stream=a["stream"],
+                            first_addr=hex(a["addr"]),
+                            first_nbytes=a["nbytes"],
+                            second=b["tensor"],
+                            second_stream=b["stream"],
+                            second_addr=hex(b["addr"]),
+                            second_nbytes=b["nbytes"],
+                            shared_bytes=hi - lo,
+                        )
+                    )
         return found

@@ -8,6 +8,7 @@ when any row's top-k set or output differs, and a session is corrupted when any 
 Inputs are teacher-forced (token ids come from the session, not from the model's output), so a
 session's inputs never depend on whether an earlier step was corrupted.
 """
+
 from collections import deque
 from dataclasses import dataclass
 
@@ -22,14 +23,14 @@ class WorkloadConfig:
     sessions: int = 40
     rounds: int = 3
     concurrency: int = 8
-    ctx_min: int = 1024      # compressed entries in the first prompt
+    ctx_min: int = 1024  # compressed entries in the first prompt
     ctx_max: int = 32768
-    turn_ctx: int = 2048     # compressed entries each later round adds (tool output, user turn)
-    out_min: int = 16        # tokens decoded per round
+    turn_ctx: int = 2048  # compressed entries each later round adds (tool output, user turn)
+    out_min: int = 16  # tokens decoded per round
     out_max: int = 128
-    think_min: int = 1       # steps a session sits out between rounds
+    think_min: int = 1  # steps a session sits out between rounds
     think_max: int = 8
-    out_tol: float = 1e-2    # output divergence threshold, relative to the reference's max |x|
+    out_tol: float = 1e-2  # output divergence threshold, relative to the reference's max |x|
     seed: int = 0
 
 
@@ -52,12 +53,14 @@ class Session:
 
 class PagePool:
     def __init__(self, num_pages):
-        self.free = deque(range(1, num_pages))   # page 0 is scratch
+        self.free = deque(range(1, num_pages))  # page 0 is scratch
 
     def take(self, n):
         if n > len(self.free):
-            raise RuntimeError(f"out of cache pages: need {n}, {len(self.free)} free; "
-                               "raise num_pages or lower concurrency/contexts")
+            raise RuntimeError(
+                f"out of cache pages: need {n}, {len(self.free)} free; "
+                "raise num_pages or lower concurrency/contexts"
+            )
         return [self.free.popleft() for _ in range(n)]
 
     def give(self, pages):
@@ -66,7 +69,7 @@ class PagePool:
 
 def _grow(model, pool, tables, s, n, gen):
     """Prefill n new compressed entries for session s (random keys: prefill is not studied)."""
-    cap = model.cfg.max_ctx - 1 - s.left // 4   # leave room for this round's decode
+    cap = model.cfg.max_ctx - 1 - s.left // 4  # leave room for this round's decode
     n = max(0, min(n, cap - s.c4_len))
     _take_pages(pool, tables, s, -(-(s.c4_len + n) // PAGE) - len(s.pages))
     if n:
@@ -77,7 +80,7 @@ def _grow(model, pool, tables, s, n, gen):
 def _take_pages(pool, tables, s, n):
     if n > 0:
         new = pool.take(n)
-        tables[s.sid, len(s.pages):len(s.pages) + n] = torch.tensor(new, dtype=torch.int32)
+        tables[s.sid, len(s.pages) : len(s.pages) + n] = torch.tensor(new, dtype=torch.int32)
         s.pages += new
 
 
@@ -102,12 +105,12 @@ def run_sessions(runner, w: WorkloadConfig, instruments=()):
     rng = torch.Generator().manual_seed(w.seed)
     gen = torch.Generator(device=d).manual_seed(w.seed + 1)
     pool = PagePool(model.cfg.num_pages)
-    tables = torch.zeros(w.sessions, runner.max_pages, dtype=torch.int32)   # host page tables
+    tables = torch.zeros(w.sessions, runner.max_pages, dtype=torch.int32)  # host page tables
     waiting = deque(Session(i, rng, w) for i in range(w.sessions))
     active, thinking, finished = [], [], []
-    pending, steps = [], []                      # GPU verdicts are read once, at the end
+    pending, steps = [], []  # GPU verdicts are read once, at the end
     while waiting or active or thinking:
-        for s in list(thinking):                 # tool calls that came back
+        for s in list(thinking):  # tool calls that came back
             s.wait -= 1
             if s.wait <= 0:
                 thinking.remove(s)
@@ -119,12 +122,12 @@ def run_sessions(runner, w: WorkloadConfig, instruments=()):
             active.append(s)
         if not active:
             continue
-        batch = active[:w.concurrency]
+        batch = active[: w.concurrency]
         tokens, lens, stores = [], [], []
         for s in batch:
             s.pos += 1
             store = SCRATCH_SLOT
-            if s.pos % 4 == 0 and s.c4_len < model.cfg.max_ctx:   # the 4:1 compressor emits one entry
+            if s.pos % 4 == 0 and s.c4_len < model.cfg.max_ctx:  # the 4:1 compressor emits one entry
                 _take_pages(pool, tables, s, s.c4_len // PAGE + 1 - len(s.pages))
                 store = s.slot(s.c4_len)
                 s.c4_len += 1
@@ -132,12 +135,23 @@ def run_sessions(runner, w: WorkloadConfig, instruments=()):
             lens.append(max(1, s.c4_len))
             stores.append(store)
         sids = torch.tensor([s.sid for s in batch])
-        args = (torch.tensor(tokens, device=d), tables[sids].to(d),
-                torch.tensor(lens, dtype=torch.int32, device=d), torch.tensor(stores, device=d))
+        args = (
+            torch.tensor(tokens, device=d),
+            tables[sids].to(d),
+            torch.tensor(lens, dtype=torch.int32, device=d),
+            torch.tensor(stores, device=d),
+        )
         if instruments:
-            step = dict(index=len(steps), bs=len(batch), bucket=bucket_for(len(batch), runner.buckets),
-                        tokens=args[0], page_table=args[1], seq_lens=args[2], store_slots=args[3],
-                        live_pages=_live_pages(waiting, active, thinking))
+            step = dict(
+                index=len(steps),
+                bs=len(batch),
+                bucket=bucket_for(len(batch), runner.buckets),
+                tokens=args[0],
+                page_table=args[1],
+                seq_lens=args[2],
+                store_slots=args[3],
+                live_pages=_live_pages(waiting, active, thinking),
+            )
             for ins in instruments:
                 ins.before(step)
             out, topk, bucket = runner.run(*args)
@@ -149,7 +163,7 @@ def run_sessions(runner, w: WorkloadConfig, instruments=()):
             out, topk, bucket = runner.run(*args)
         bad = (topk != ref_topk).any(1)
         scale = ref_out.float().abs().amax(1).clamp(min=1.0)
-        bad |= ((out.float() - ref_out.float()).abs().amax(1) > w.out_tol * scale)
+        bad |= (out.float() - ref_out.float()).abs().amax(1) > w.out_tol * scale
         pending.append(bad.to(torch.uint8))
         steps.append(dict(bs=len(batch), bucket=bucket, sessions=[s.sid for s in batch]))
         for s in batch:
@@ -170,13 +184,18 @@ def run_sessions(runner, w: WorkloadConfig, instruments=()):
     corrupted = set()
     i = 0
     for st in steps:
-        rows = flags[i:i + st["bs"]]
+        rows = flags[i : i + st["bs"]]
         i += st["bs"]
         st["bad_rows"], st["rows"] = int(sum(rows)), rows
         corrupted.update(sid for sid, f in zip(st["sessions"], rows) if f)
-    return dict(sessions=w.sessions, corrupted_sessions=len(corrupted),
-                steps=len(steps), corrupted_steps=sum(1 for st in steps if st["bad_rows"]),
-                corrupted_ids=sorted(corrupted), step_log=steps)
+    return dict(
+        sessions=w.sessions,
+        corrupted_sessions=len(corrupted),
+        steps=len(steps),
+        corrupted_steps=sum(1 for st in steps if st["bad_rows"]),
+        corrupted_ids=sorted(corrupted),
+        step_log=steps,
+    )
 
 
 def in_bucket(result, bucket):
@@ -187,6 +206,11 @@ def in_bucket(result, bucket):
     mine = [st for st in result["step_log"] if st["bucket"] == bucket]
     tail = [st for st in result["step_log"] if st["bucket"] != bucket]
     bad = {sid for st in mine for sid, f in zip(st["sessions"], st.get("rows", [])) if f}
-    return dict(sessions=len({sid for st in mine for sid in st["sessions"]}), corrupted_sessions=len(bad),
-                steps=len(mine), corrupted_steps=sum(1 for st in mine if st["bad_rows"]),
-                tail_steps=len(tail), tail_corrupted_steps=sum(1 for st in tail if st["bad_rows"]))
+    return dict(
+        sessions=len({sid for st in mine for sid in st["sessions"]}),
+        corrupted_sessions=len(bad),
+        steps=len(mine),
+        corrupted_steps=sum(1 for st in mine if st["bad_rows"]),
+        tail_steps=len(tail),
+        tail_corrupted_steps=sum(1 for st in tail if st["bad_rows"]),
+    )

@@ -17,13 +17,14 @@ both tensors' allocation and free sites (PyTorch's CUDA sanitizer forgets a tens
 cannot see that). The audit only reads what the capture recorded; the graph it audits replays the
 same with or without it.
 """
+
 import os
 import time
 import traceback
 from dataclasses import dataclass, field
 
 from nblib.instruments import trace as T
-from nblib.instruments.trace import recording, site   # noqa: F401  (part of this module's API)
+from nblib.instruments.trace import recording, site  # noqa: F401  (part of this module's API)
 
 KINDS = ("read-after-write", "write-after-read", "write-after-write")
 
@@ -35,6 +36,7 @@ class AuditCaptureError(RuntimeError):
 # ------------------------------------------------------------------------------------------------
 # happens-before: vector clocks per stream and event
 # ------------------------------------------------------------------------------------------------
+
 
 def happens_before(tr):
     """Give every op of the trace its epoch (its tick on its stream) and vc (the stream's vector
@@ -51,7 +53,7 @@ def happens_before(tr):
             events[e[2]] = dict(clocks.get(e[1], {}))
         elif kind == "wait":
             c = clocks.setdefault(e[1], {})
-            for s, t in events.get(e[2], {}).items():   # an event never recorded: waits for nothing
+            for s, t in events.get(e[2], {}).items():  # an event never recorded: waits for nothing
                 if t > c.get(s, 0):
                     c[s] = t
     return tr
@@ -66,10 +68,12 @@ def ordered(a, b):
 # races
 # ------------------------------------------------------------------------------------------------
 
+
 @dataclass(eq=False)
 class Hazard:
     """One race: two ops on different streams, unordered, touching the same bytes, one writing.
     `first` is the op issued first on the host (the graph runs them in either order)."""
+
     kind: str
     label: dict
     first: T.Op
@@ -78,7 +82,7 @@ class Hazard:
     second_access: T.Access
     lo: int
     hi: int
-    count: int = 1                # access pairs merged into this entry
+    count: int = 1  # access pairs merged into this entry
 
     @property
     def bucket(self):
@@ -97,33 +101,56 @@ class Hazard:
     def row(self):
         """A flat dict for tables and results.json."""
         fa, sa = self.first_access.alloc, self.second_access.alloc
-        return dict(**{k: v for k, v in self.label.items() if k != "capture"}, kind=self.kind,
-                    first_op=self.first.name, first_stream=self.first.stream,
-                    first_tensor=tensor_name(fa), first_site=T.site(self.first.stack, code=False),
-                    second_op=self.second.name, second_stream=self.second.stream,
-                    second_tensor=tensor_name(sa), second_site=T.site(self.second.stack, code=False),
-                    addr=hex(self.lo), nbytes=self.nbytes, reused=self.reused,
-                    first_alloc=_alloc_site(fa), first_free=_free_site(fa),
-                    second_alloc=_alloc_site(sa), second_free=_free_site(sa), pairs=self.count)
+        return dict(
+            **{k: v for k, v in self.label.items() if k != "capture"},
+            kind=self.kind,
+            first_op=self.first.name,
+            first_stream=self.first.stream,
+            first_tensor=tensor_name(fa),
+            first_site=T.site(self.first.stack, code=False),
+            second_op=self.second.name,
+            second_stream=self.second.stream,
+            second_tensor=tensor_name(sa),
+            second_site=T.site(self.second.stack, code=False),
+            addr=hex(self.lo),
+            nbytes=self.nbytes,
+            reused=self.reused,
+            first_alloc=_alloc_site(fa),
+            first_free=_free_site(fa),
+            second_alloc=_alloc_site(sa),
+            second_free=_free_site(sa),
+            pairs=self.count,
+        )
 
     def describe(self):
         fa, sa = self.first_access.alloc, self.second_access.alloc
-        title = ", ".join(f"{k} {v}" for k, v in self.label.items() if k != "capture") or \
-            f"capture {self.label.get('capture')}"
-        head = (f"{title}: {self.kind} on {self.nbytes} bytes at {self.lo:#x}"
-                + (" (the same bytes, two allocations: freed, then reused)" if self.reused else ""))
+        title = (
+            ", ".join(f"{k} {v}" for k, v in self.label.items() if k != "capture")
+            or f"capture {self.label.get('capture')}"
+        )
+        head = f"{title}: {self.kind} on {self.nbytes} bytes at {self.lo:#x}" + (
+            " (the same bytes, two allocations: freed, then reused)" if self.reused else ""
+        )
         out = [head]
-        for tag, op, acc, al in (("first ", self.first, self.first_access, fa),
-                                 ("second", self.second, self.second_access, sa)):
+        for tag, op, acc, al in (
+            ("first ", self.first, self.first_access, fa),
+            ("second", self.second, self.second_access, sa),
+        ):
             verb = {"r": "reads", "w": "writes", "rw": "reads and writes"}[acc.kind]
-            out.append(f"  {tag} {op.name} (op {op.index}) on stream {op.stream} {verb} {acc.what} "
-                       f"= {tensor_name(al)}")
+            out.append(
+                f"  {tag} {op.name} (op {op.index}) on stream {op.stream} {verb} {acc.what} "
+                f"= {tensor_name(al)}"
+            )
             out.append(T.format_stack(op.stack, indent="          "))
             if al is not None:
-                out.append(f"          {tensor_name(al)}: {al.nbytes} bytes allocated on stream {al.stream} "
-                           f"by {al.op} at {T.site(al.stack)}")
-                out.append(f"          freed at {_free_site(al)}"
-                           + (f"; record_stream({', '.join(al.record_streams)})" if al.record_streams else ""))
+                out.append(
+                    f"          {tensor_name(al)}: {al.nbytes} bytes allocated on stream {al.stream} "
+                    f"by {al.op} at {T.site(al.stack)}"
+                )
+                out.append(
+                    f"          freed at {_free_site(al)}"
+                    + (f"; record_stream({', '.join(al.record_streams)})" if al.record_streams else "")
+                )
         return "\n".join(x for x in out if x)
 
 
@@ -152,8 +179,9 @@ def _kind(first, second):
 def races(tr):
     """Every racing access pair of one trace, merged per (op pair, allocation pair, kind)."""
     happens_before(tr)
-    acc = sorted(((a.addr, a.addr + a.nbytes, op, a) for op in tr.ops for a in op.accesses),
-                 key=lambda x: x[0])
+    acc = sorted(
+        ((a.addr, a.addr + a.nbytes, op, a) for op in tr.ops for a in op.accesses), key=lambda x: x[0]
+    )
     found, active = {}, []
     for item in acc:
         lo = item[0]
@@ -181,14 +209,15 @@ def races(tr):
 # the report
 # ------------------------------------------------------------------------------------------------
 
+
 @dataclass(eq=False)
 class Report:
     traces: list
     hazards: list
     seconds: float
     incomplete: int = 0
-    result: object = None        # audit_capture: what fn returned (the capture's static outputs)
-    graph: object = None         # audit_capture: the captured graph
+    result: object = None  # audit_capture: what fn returned (the capture's static outputs)
+    graph: object = None  # audit_capture: the captured graph
     notes: list = field(default_factory=list)
 
     @property
@@ -206,7 +235,9 @@ class Report:
         for h in self.hazards:
             r = h.row()
             key = tuple(sorted((k, str(v)) for k, v in h.label.items() if k != "capture")) + (
-                r["first_tensor"], r["second_tensor"])
+                r["first_tensor"],
+                r["second_tensor"],
+            )
             if level == "ops":
                 key += (r["first_op"], r["first_site"], r["second_op"], r["second_site"])
             if key in out:
@@ -229,8 +260,10 @@ class Report:
 
     def summary(self):
         n = len(self.traces)
-        head = (f"capture audit: {n} capture{'s' * (n != 1)}, {self.ops} ops, "
-                f"{len(self.hazards)} hazard{'s' * (len(self.hazards) != 1)} ({self.seconds * 1e3:.1f} ms)")
+        head = (
+            f"capture audit: {n} capture{'s' * (n != 1)}, {self.ops} ops, "
+            f"{len(self.hazards)} hazard{'s' * (len(self.hazards) != 1)} ({self.seconds * 1e3:.1f} ms)"
+        )
         if self.incomplete:
             head += f"; {self.incomplete} capture(s) raised and were not audited"
         return head
@@ -239,10 +272,15 @@ class Report:
         if self.ok:
             return self.summary() + ": no cross-stream race"
         seen, parts = set(), [self.summary()]
-        for h in self.hazards:                  # one block per notebook row, the first instance
+        for h in self.hazards:  # one block per notebook row, the first instance
             r = h.row()
-            key = (tuple(sorted(h.label.items())), r["first_tensor"], r["second_tensor"],
-                   r["first_op"], r["second_op"])
+            key = (
+                tuple(sorted(h.label.items())),
+                r["first_tensor"],
+                r["second_tensor"],
+                r["first_op"],
+                r["second_op"],
+            )
             if key in seen:
                 continue
             seen.add(key)
@@ -258,8 +296,11 @@ def name_allocations(traces, names):
     for tr in traces:
         for a in tr.allocs:
             for n in names:
-                if (n.get("addr") == a.addr and n.get("nbytes", a.nbytes) == a.nbytes
-                        and ("bucket" not in n or n["bucket"] == tr.label.get("bucket"))):
+                if (
+                    n.get("addr") == a.addr
+                    and n.get("nbytes", a.nbytes) == a.nbytes
+                    and ("bucket" not in n or n["bucket"] == tr.label.get("bucket"))
+                ):
                     a.name = n["tensor"]
 
 
@@ -308,5 +349,6 @@ def _failure(fn, e):
 def _restore_stream(dev, prev):
     if dev.name == "cuda":
         import torch
-        if torch.cuda.current_stream() != prev:      # torch.cuda.graph skips this when capture_end raises
+
+        if torch.cuda.current_stream() != prev:  # torch.cuda.graph skips this when capture_end raises
             torch.cuda.set_stream(prev)

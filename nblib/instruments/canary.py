@@ -18,20 +18,23 @@ right before a replay and right after it, and classes each page that changed:
 It reads the cache and never writes it; on CUDA each checksum is one pass over the cache on the
 current stream (after the replay, in stream order) and a small copy to the host.
 """
+
 import torch
 
 from nblib.engine.model import PAGE
 
 SCRATCH_PAGE = 0
 CLASSES = ("expected", "scratch", "live_overwrite", "free_write")
-_CHUNK_PAGES = 256      # bounds the int64 temporary on a 42000-page cache to ~32 MB
+_CHUNK_PAGES = 256  # bounds the int64 temporary on a 42000-page cache to ~32 MB
 
 
 def _words(cache):
     """The cache as [pages, words] of int32: bf16 [P, 64, D] and fp8 [P, bytes] alike."""
     flat = cache.reshape(cache.shape[0], -1)
     if (flat.shape[1] * flat.element_size()) % 4:
-        raise ValueError(f"a cache page of {flat.shape[1] * flat.element_size()} bytes is not whole 32-bit words")
+        raise ValueError(
+            f"a cache page of {flat.shape[1] * flat.element_size()} bytes is not whole 32-bit words"
+        )
     return flat.view(torch.uint8).view(torch.int32) if flat.element_size() != 4 else flat.view(torch.int32)
 
 
@@ -61,7 +64,7 @@ def batch_live_pages(page_table, seq_lens):
     table, lens = page_table.to("cpu"), seq_lens.to("cpu").tolist()
     live = set()
     for r, n in enumerate(lens):
-        live.update(table[r, :-(-int(n) // PAGE)].tolist())
+        live.update(table[r, : -(-int(n) // PAGE)].tolist())
     live.discard(SCRATCH_PAGE)
     return live
 
@@ -87,13 +90,19 @@ class Canary:
 
     def __init__(self, model, tensor=None):
         cache = model.index_cache
-        if tensor is not None and not (tensor is cache or (
-                tensor.data_ptr() == cache.data_ptr() and tensor.shape == cache.shape
-                and tensor.dtype == cache.dtype)):
+        if tensor is not None and not (
+            tensor is cache
+            or (
+                tensor.data_ptr() == cache.data_ptr()
+                and tensor.shape == cache.shape
+                and tensor.dtype == cache.dtype
+            )
+        ):
             raise ValueError(
                 f"the canary watches the model's index-K cache only (model.index_cache: "
                 f"{tuple(cache.shape)} {cache.dtype}); got a {tuple(tensor.shape)} {tensor.dtype} tensor "
-                f"that is not it")
+                f"that is not it"
+            )
         self.model, self.cache = model, cache
         self.records = []
         self._before = None
@@ -117,38 +126,56 @@ class Canary:
             live = batch_live_pages(step["page_table"], step["seq_lens"])
         cls = classify(changed, expected, live)
         by = {c: sorted(p for p, k in cls.items() if k == c) for c in CLASSES}
-        rec = dict(step=step.get("index", len(self.records)), bucket=step.get("bucket"), bs=step.get("bs"),
-                   changed=len(changed), expected=len(expected),
-                   expected_unchanged=len(expected - set(changed)),
-                   outside_live=len(by["scratch"]) + len(by["free_write"]),
-                   live_overwrites=by["live_overwrite"], free_writes=by["free_write"],
-                   scratch=bool(by["scratch"]))
+        rec = dict(
+            step=step.get("index", len(self.records)),
+            bucket=step.get("bucket"),
+            bs=step.get("bs"),
+            changed=len(changed),
+            expected=len(expected),
+            expected_unchanged=len(expected - set(changed)),
+            outside_live=len(by["scratch"]) + len(by["free_write"]),
+            live_overwrites=by["live_overwrite"],
+            free_writes=by["free_write"],
+            scratch=bool(by["scratch"]),
+        )
         self.records.append(rec)
         return rec
 
     def summary(self):
         """The campaign's terms, over every step watched."""
         r = self.records
-        return dict(steps=len(r),
-                    pages_changed=sum(x["changed"] for x in r),
-                    pages_expected=sum(x["expected"] for x in r),
-                    expected_unchanged=sum(x["expected_unchanged"] for x in r),
-                    pages_outside_live=sum(x["outside_live"] for x in r),
-                    scratch_writes=sum(x["scratch"] for x in r),
-                    free_page_writes=sum(len(x["free_writes"]) for x in r),
-                    live_overwrites=sum(len(x["live_overwrites"]) for x in r),
-                    steps_with_live_overwrite=sum(1 for x in r if x["live_overwrites"]))
+        return dict(
+            steps=len(r),
+            pages_changed=sum(x["changed"] for x in r),
+            pages_expected=sum(x["expected"] for x in r),
+            expected_unchanged=sum(x["expected_unchanged"] for x in r),
+            pages_outside_live=sum(x["outside_live"] for x in r),
+            scratch_writes=sum(x["scratch"] for x in r),
+            free_page_writes=sum(len(x["free_writes"]) for x in r),
+            live_overwrites=sum(len(x["live_overwrites"]) for x in r),
+            steps_with_live_overwrite=sum(1 for x in r if x["live_overwrites"]),
+        )
 
 
 def describe(s):
     """One sentence in the campaign's words."""
-    return (f"{s['pages_changed']} pages changed over {s['steps']} replays when {s['pages_expected']} were "
-            f"expected; {s['pages_outside_live']} outside any live range ({s['scratch_writes']} scratch-page "
-            f"writes, {s['free_page_writes']} free-page writes); {s['live_overwrites']} live-page overwrites")
+    return (
+        f"{s['pages_changed']} pages changed over {s['steps']} replays when {s['pages_expected']} were "
+        f"expected; {s['pages_outside_live']} outside any live range ({s['scratch_writes']} scratch-page "
+        f"writes, {s['free_page_writes']} free-page writes); {s['live_overwrites']} live-page overwrites"
+    )
 
 
-def watch(dev, model, buckets, workload, overlaps=("on", "off"), index_dtype="bf16",
-          logits_policy="transient", progress=print):
+def watch(
+    dev,
+    model,
+    buckets,
+    workload,
+    overlaps=("on", "off"),
+    index_dtype="bf16",
+    logits_policy="transient",
+    progress=print,
+):
     """The canary over the agentic workload, graph mode, per overlap setting and per bucket (at most
     `bucket` sessions decoding together, as in notebook 00). `model`, `workload`: dicts of config
     values. Returns one row per (overlap, bucket): the sessions' verdicts and the canary's summary.
@@ -156,20 +183,33 @@ def watch(dev, model, buckets, workload, overlaps=("on", "off"), index_dtype="bf
     from nblib.engine.model import DecodeModel, ModelConfig
     from nblib.engine.runner import Runner
     from nblib.engine.workload import WorkloadConfig, in_bucket, run_sessions
+
     rows = []
     for overlap in overlaps:
-        m = DecodeModel(ModelConfig(**model, index_dtype=index_dtype, overlap=overlap,
-                                    logits_policy=logits_policy), dev)
+        m = DecodeModel(
+            ModelConfig(**model, index_dtype=index_dtype, overlap=overlap, logits_policy=logits_policy), dev
+        )
         runner = Runner(m, buckets, "graph").capture()
         for b in sorted(buckets):
-            m.index_cache.zero_(); m.kv_cache.zero_()   # a fresh engine: the last run's entries would
-            c = Canary(m)                               # make this run's identical stores no-ops
+            m.index_cache.zero_()
+            m.kv_cache.zero_()  # a fresh engine: the last run's entries would
+            c = Canary(m)  # make this run's identical stores no-ops
             r = run_sessions(runner, WorkloadConfig(**{**workload, "concurrency": b}), [c])
-            rows.append(dict(index_dtype=index_dtype, overlap=overlap, bucket=b, **in_bucket(r, b),
-                             **{k: v for k, v in c.summary().items() if k != "steps"}, replays=c.summary()["steps"]))
+            rows.append(
+                dict(
+                    index_dtype=index_dtype,
+                    overlap=overlap,
+                    bucket=b,
+                    **in_bucket(r, b),
+                    **{k: v for k, v in c.summary().items() if k != "steps"},
+                    replays=c.summary()["steps"],
+                )
+            )
             if progress:
-                progress(f"overlap {overlap:3s} bucket {b}: corrupted {r['corrupted_sessions']}/{r['sessions']}; "
-                         + describe(c.summary()))
+                progress(
+                    f"overlap {overlap:3s} bucket {b}: corrupted {r['corrupted_sessions']}/{r['sessions']}; "
+                    + describe(c.summary())
+                )
         del runner, m
     return rows
 
@@ -180,18 +220,27 @@ def verdict(rows):
     bad = [r for r in rows if r["corrupted_sessions"]]
     clean = [r for r in rows if not r["corrupted_sessions"]]
     tot = lambda rs, k: sum(r[k] for r in rs)
-    where = ", ".join(f"overlap {r['overlap']} bucket {r['bucket']} ({r['corrupted_sessions']}/{r['sessions']})"
-                      for r in bad) or "nowhere"
+    where = (
+        ", ".join(
+            f"overlap {r['overlap']} bucket {r['bucket']} ({r['corrupted_sessions']}/{r['sessions']})"
+            for r in bad
+        )
+        or "nowhere"
+    )
     if not bad:
         head = "no session was corrupted, so the canary had nothing to explain"
     elif tot(bad, "live_overwrites") == 0:
-        head = (f"while sessions were corrupted ({where}) the canary found zero live-page overwrites: "
-                f"{tot(bad, 'pages_changed')} pages changed when {tot(bad, 'pages_expected')} were expected, "
-                f"{tot(bad, 'pages_outside_live')} outside any live range (scratch {tot(bad, 'scratch_writes')}, "
-                f"free pages {tot(bad, 'free_page_writes')}): the index-K buffer was pristine, look elsewhere")
+        head = (
+            f"while sessions were corrupted ({where}) the canary found zero live-page overwrites: "
+            f"{tot(bad, 'pages_changed')} pages changed when {tot(bad, 'pages_expected')} were expected, "
+            f"{tot(bad, 'pages_outside_live')} outside any live range (scratch {tot(bad, 'scratch_writes')}, "
+            f"free pages {tot(bad, 'free_page_writes')}): the index-K buffer was pristine, look elsewhere"
+        )
     else:
-        head = (f"while sessions were corrupted ({where}) the canary found {tot(bad, 'live_overwrites')} "
-                f"live-page overwrites in {tot(bad, 'steps_with_live_overwrite')} replays: the index-K buffer "
-                f"itself is being written")
+        head = (
+            f"while sessions were corrupted ({where}) the canary found {tot(bad, 'live_overwrites')} "
+            f"live-page overwrites in {tot(bad, 'steps_with_live_overwrite')} replays: the index-K buffer "
+            f"itself is being written"
+        )
     quiet = tot(clean, "live_overwrites") + tot(clean, "free_page_writes")
     return f"{head}. Clean runs: {quiet} live or free-page alarms over {tot(clean, 'replays')} replays."

@@ -12,6 +12,7 @@ an unsynchronised write on a second stream, so a silent CSAN in the capture is n
 CSAN installs process-wide hooks that cannot be removed, so it runs in a child process; it raises
 at the first racing kernel, which ends that capture.
 """
+
 import contextlib
 import json
 import os
@@ -26,14 +27,28 @@ from nblib.core.paths import ROOT
 def sanitize(model, buckets, index_dtype="bf16", overlap="on", logits_policy="transient", timeout=600):
     """Capture every bucket of one configuration with CSAN enabled, in a child process."""
     from nblib.backends import device
-    device.get("cuda")                     # no GPU: one line now, not a child's traceback
-    spec = dict(model=model, buckets=list(buckets), index_dtype=index_dtype, overlap=overlap,
-                logits_policy=logits_policy)
+
+    device.get("cuda")  # no GPU: one line now, not a child's traceback
+    spec = dict(
+        model=model,
+        buckets=list(buckets),
+        index_dtype=index_dtype,
+        overlap=overlap,
+        logits_policy=logits_policy,
+    )
     root = str(ROOT)
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}   # real kernels, not the interpreter
+    env = {
+        k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"
+    }  # real kernels, not the interpreter
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
-    p = subprocess.run([sys.executable, "-m", "nblib.instruments.csan", json.dumps(spec)], capture_output=True,
-                       text=True, timeout=timeout, cwd=root, env=env)
+    p = subprocess.run(
+        [sys.executable, "-m", "nblib.instruments.csan", json.dumps(spec)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=root,
+        env=env,
+    )
     lines = [x for x in p.stdout.splitlines() if x.startswith("{")]
     if not lines:
         raise RuntimeError(f"the CSAN child process failed (exit {p.returncode}): {p.stderr.strip()[-3000:]}")
@@ -63,6 +78,7 @@ def _control():
     """CSAN's documentation example: a tensor written on a new stream without a sync. It must report."""
     import torch
     from torch.cuda._sanitizer import CUDASanitizerErrors
+
     a = torch.rand(4, 2, device="cuda")
     try:
         with torch.cuda.stream(torch.cuda.Stream()):
@@ -75,15 +91,24 @@ def _control():
 def _child(spec):
     import torch
     from torch.cuda._sanitizer import CUDASanitizerErrors, enable_cuda_sanitizer
+
     from nblib.backends import device
     from nblib.engine.model import DecodeModel, ModelConfig
     from nblib.engine.runner import Runner
+
     enable_cuda_sanitizer()
     out = dict(spec, errors=[], raised_at=None, captured=[], control=_control())
     torch.cuda.synchronize()
     dev = device.get("cuda")
-    m = DecodeModel(ModelConfig(**spec["model"], index_dtype=spec["index_dtype"], overlap=spec["overlap"],
-                                logits_policy=spec["logits_policy"]), dev)
+    m = DecodeModel(
+        ModelConfig(
+            **spec["model"],
+            index_dtype=spec["index_dtype"],
+            overlap=spec["overlap"],
+            logits_policy=spec["logits_policy"],
+        ),
+        dev,
+    )
     t0 = time.perf_counter()
 
     @contextlib.contextmanager
@@ -93,7 +118,7 @@ def _child(spec):
 
     try:
         Runner(m, spec["buckets"], "graph").capture(record=note)
-    except Exception as e:   # CSAN raises inside the capture; capture_end then fails on top of it
+    except Exception as e:  # CSAN raises inside the capture; capture_end then fails on top of it
         found = e
         while found is not None and not isinstance(found, CUDASanitizerErrors):
             found = found.__context__
@@ -113,16 +138,22 @@ if __name__ == "__main__":
 def kernels(err):
     """The two kernels a CSAN error names, e.g. ('csi::indexer_logits_bf16', 'aten::empty.memory_format')."""
     lines = err["text"].splitlines()
-    return tuple(lines[i + 1].split("(")[0] for i, ln in enumerate(lines[:-1]) if ln.endswith("during kernel:"))
+    return tuple(
+        lines[i + 1].split("(")[0] for i, ln in enumerate(lines[:-1]) if ln.endswith("during kernel:")
+    )
 
 
 def row(r):
     """A table row for one CSAN run."""
     e = (r.get("errors") or [None])[0]
-    return dict(logits_policy=r.get("logits_policy"), csan="failed to run" if r.get("failed") else
-                "error" if e else "nothing", kernels=" vs ".join(kernels(e)) if e else "",
-                where=r.get("raised_at") or "", captured=r.get("captured"),
-                control=(r.get("control") or {}).get("reported"))
+    return dict(
+        logits_policy=r.get("logits_policy"),
+        csan="failed to run" if r.get("failed") else "error" if e else "nothing",
+        kernels=" vs ".join(kernels(e)) if e else "",
+        where=r.get("raised_at") or "",
+        captured=r.get("captured"),
+        control=(r.get("control") or {}).get("reported"),
+    )
 
 
 def describe(runs, audit_ok=None):
@@ -134,12 +165,21 @@ def describe(runs, audit_ok=None):
             parts.append(f"{x['logits_policy']}: CSAN could not be run ({r['failed'][-200:]})")
             continue
         ctl = "" if x["control"] else " (and it missed its own control race, so this means nothing)"
-        got = (f"error at {x['where']}, {x['kernels']}, which aborted the capture" if x["csan"] == "error"
-               else f"nothing over buckets {x['captured']}")
-        aud = ("" if audit_ok is None or x["logits_policy"] not in audit_ok else
-               f"; the audit: {'no race' if audit_ok[x['logits_policy']] else 'the reuse race'}")
+        got = (
+            f"error at {x['where']}, {x['kernels']}, which aborted the capture"
+            if x["csan"] == "error"
+            else f"nothing over buckets {x['captured']}"
+        )
+        aud = (
+            ""
+            if audit_ok is None or x["logits_policy"] not in audit_ok
+            else f"; the audit: {'no race' if audit_ok[x['logits_policy']] else 'the reuse race'}"
+        )
         parts.append(f"{x['logits_policy']}: CSAN {got}{ctl}{aud}")
     seen = {row(r)["csan"] for r in runs}
-    head = ("CSAN gives the bug and the fixes the same verdict, so it cannot tell them apart" if len(seen) == 1
-            else "CSAN's verdicts differ between the configurations")
+    head = (
+        "CSAN gives the bug and the fixes the same verdict, so it cannot tell them apart"
+        if len(seen) == 1
+        else "CSAN's verdicts differ between the configurations"
+    )
     return f"{head}. " + "; ".join(parts) + "."

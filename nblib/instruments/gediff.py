@@ -20,6 +20,7 @@ Caution, as the campaign learned: the stash is memory the capture allocates and 
 graph pool as everything else, so turning the differential on changes the pool's layout. Measure
 the corruption rate with it on and off (notebook 02) before trusting a clean differential.
 """
+
 import torch
 
 from kernels import indexer as kx
@@ -34,9 +35,9 @@ class GEDiff:
         if model.gediff is not None:
             raise ValueError("this model already has a differential attached")
         self.model = model
-        self.stash = {}            # bucket -> {q, head_w, page_table, seq_lens, logits}
+        self.stash = {}  # bucket -> {q, head_w, page_table, seq_lens, logits}
         self.records = []
-        self.lines = []            # one log line per comparison
+        self.lines = []  # one log line per comparison
         self.log = log
         model.gediff = self
 
@@ -48,18 +49,27 @@ class GEDiff:
     def __call__(self, q, head_w, page_table, seq_lens, logits):
         b = self.model.bucket
         if b is None:
-            raise RuntimeError("the differential's hook ran while capturing without a bucket: "
-                               "capture through nblib.engine.runner.Runner (it sets model.bucket)")
-        s = dict(q=q.clone(), head_w=head_w.clone(), page_table=page_table.clone(),
-                 seq_lens=seq_lens.clone(), logits=logits.clone())
+            raise RuntimeError(
+                "the differential's hook ran while capturing without a bucket: "
+                "capture through nblib.engine.runner.Runner (it sets model.bucket)"
+            )
+        s = dict(
+            q=q.clone(),
+            head_w=head_w.clone(),
+            page_table=page_table.clone(),
+            seq_lens=seq_lens.clone(),
+            logits=logits.clone(),
+        )
         for name, t in s.items():
             self.model.note(f"gediff.{name}", t)
         self.stash[b] = s
 
     def lookup(self, bucket):
         if bucket not in self.stash:
-            raise KeyError(f"no differential stash for bucket {bucket!r}: captured buckets are "
-                           f"{sorted(self.stash) or 'none (capture after attaching GEDiff)'}")
+            raise KeyError(
+                f"no differential stash for bucket {bucket!r}: captured buckets are "
+                f"{sorted(self.stash) or 'none (capture after attaching GEDiff)'}"
+            )
         return self.stash[bucket]
 
     # -- after a replay --------------------------------------------------------------------------
@@ -77,8 +87,10 @@ class GEDiff:
         m = metrics(graph[:n], eager[:n], self.model.cfg.topk)
         rec = dict(step=len(self.records) if step is None else step, bucket=bucket, rows=n, **m)
         self.records.append(rec)
-        line = (f"gediff step {rec['step']} bucket {bucket}: rows {n}, max_abs {m['max_abs']:.3g}, "
-                f"argmax differs {m['argmax_rows']}/{n}, top-k set differs {m['topk_rows']}/{n}")
+        line = (
+            f"gediff step {rec['step']} bucket {bucket}: rows {n}, max_abs {m['max_abs']:.3g}, "
+            f"argmax differs {m['argmax_rows']}/{n}, top-k set differs {m['topk_rows']}/{n}"
+        )
         self.lines.append(line)
         if self.log:
             self.log(line)
@@ -95,17 +107,28 @@ class GEDiff:
         out = []
         for b in sorted({r["bucket"] for r in self.records}):
             rs = [r for r in self.records if r["bucket"] == b]
-            out.append(dict(bucket=b, comparisons=len(rs), diverged=sum(r["diverged"] for r in rs),
-                            max_abs=max(r["max_abs"] for r in rs),
-                            argmax_rows=sum(r["argmax_rows"] for r in rs),
-                            topk_rows=sum(r["topk_rows"] for r in rs), rows=sum(r["rows"] for r in rs)))
+            out.append(
+                dict(
+                    bucket=b,
+                    comparisons=len(rs),
+                    diverged=sum(r["diverged"] for r in rs),
+                    max_abs=max(r["max_abs"] for r in rs),
+                    argmax_rows=sum(r["argmax_rows"] for r in rs),
+                    topk_rows=sum(r["topk_rows"] for r in rs),
+                    rows=sum(r["rows"] for r in rs),
+                )
+            )
         return out
 
     def summary(self):
         rs = self.records
-        return dict(comparisons=len(rs), diverged=sum(r["diverged"] for r in rs),
-                    max_abs=max((r["max_abs"] for r in rs), default=0.0),
-                    argmax_rows=sum(r["argmax_rows"] for r in rs), topk_rows=sum(r["topk_rows"] for r in rs))
+        return dict(
+            comparisons=len(rs),
+            diverged=sum(r["diverged"] for r in rs),
+            max_abs=max((r["max_abs"] for r in rs), default=0.0),
+            argmax_rows=sum(r["argmax_rows"] for r in rs),
+            topk_rows=sum(r["topk_rows"] for r in rs),
+        )
 
 
 def metrics(graph, eager, k):
@@ -116,17 +139,30 @@ def metrics(graph, eager, k):
     diff = (g - e).abs()
     diff = torch.where(same, torch.zeros_like(g), torch.where(torch.isnan(diff), inf, diff))
     row_max = diff.amax(1) if diff.numel() else diff.new_zeros(g.shape[0])
-    argmax = g.argmax(1) != e.argmax(1)      # torch's argmax takes NaN as the largest
+    argmax = g.argmax(1) != e.argmax(1)  # torch's argmax takes NaN as the largest
     kg = kx.topk_indices(g.contiguous(), k).sort(1).values
     ke = kx.topk_indices(e.contiguous(), k).sort(1).values
     topk = (kg != ke).any(1)
     max_abs = float(row_max.max()) if row_max.numel() else 0.0
-    return dict(max_abs=max_abs, argmax_rows=int(argmax.sum()), topk_rows=int(topk.sum()),
-                diverged=bool(max_abs > 0 or argmax.any() or topk.any()))
+    return dict(
+        max_abs=max_abs,
+        argmax_rows=int(argmax.sum()),
+        topk_rows=int(topk.sum()),
+        diverged=bool(max_abs > 0 or argmax.any() or topk.any()),
+    )
 
 
-def arms(dev, model, buckets, workload, index_dtype="bf16", overlap="on", logits_policy="transient",
-         seed=0, progress=print):
+def arms(
+    dev,
+    model,
+    buckets,
+    workload,
+    index_dtype="bf16",
+    overlap="on",
+    logits_policy="transient",
+    seed=0,
+    progress=print,
+):
     """The corruption rate with the differential off and on, per bucket (at most `bucket` sessions
     decoding together), graph mode. Both arms run the same sessions from the same replay-timing seed;
     they differ only by the differential (its captured clones and its eager recompute).
@@ -135,6 +171,7 @@ def arms(dev, model, buckets, workload, index_dtype="bf16", overlap="on", logits
     from nblib.engine.model import DecodeModel, ModelConfig
     from nblib.engine.runner import Runner
     from nblib.engine.workload import WorkloadConfig, in_bucket, run_sessions
+
     cfg = ModelConfig(**model, index_dtype=index_dtype, overlap=overlap, logits_policy=logits_policy)
     off_model, on_model = DecodeModel(cfg, dev), DecodeModel(cfg, dev)
     gd = GEDiff(on_model)
@@ -144,16 +181,23 @@ def arms(dev, model, buckets, workload, index_dtype="bf16", overlap="on", logits
         for arm in ("off", "on"):
             dev.manual_seed(seed)
             gd.records = []
-            r = run_sessions(runners[arm], WorkloadConfig(**{**workload, "concurrency": b}),
-                             [gd] if arm == "on" else ())
+            r = run_sessions(
+                runners[arm], WorkloadConfig(**{**workload, "concurrency": b}), [gd] if arm == "on" else ()
+            )
             row = dict(arm=arm, bucket=b, **in_bucket(r, b))
             if arm == "on":
                 row.update(comparisons=len(gd.records), diverged=sum(x["diverged"] for x in gd.records))
                 records += [dict(x, concurrency=b) for x in gd.records]
             rows.append(row)
             if progress:
-                progress(f"bucket {b} differential {arm:3s}: corrupted {r['corrupted_sessions']}/{r['sessions']}"
-                         + (f", {row['diverged']}/{row['comparisons']} comparisons diverged" if arm == "on" else ""))
+                progress(
+                    f"bucket {b} differential {arm:3s}: corrupted {r['corrupted_sessions']}/{r['sessions']}"
+                    + (
+                        f", {row['diverged']}/{row['comparisons']} comparisons diverged"
+                        if arm == "on"
+                        else ""
+                    )
+                )
     gd.records = records
     return rows, gd
 
@@ -162,29 +206,45 @@ def compare_arms(rows, min_bucket=2):
     """Pool each arm over buckets >= min_bucket (the campaign's batch size > 1): Wilson intervals
     and Fisher's exact p-value for 'the differential does not change the rate'."""
     from nblib.core import stats
+
     pooled = {}
     for arm in ("off", "on"):
         sel = [r for r in rows if r["arm"] == arm and r["bucket"] >= min_bucket]
         k, n = sum(r["corrupted_sessions"] for r in sel), sum(r["sessions"] for r in sel)
-        pooled[arm] = dict(arm=arm, corrupted_sessions=k, sessions=n, **{
-            x: v for x, v in stats.rate(k, n).items() if x in ("rate", "lo", "hi")})
-    f = stats.fisher(pooled["off"]["corrupted_sessions"], pooled["off"]["sessions"],
-                     pooled["on"]["corrupted_sessions"], pooled["on"]["sessions"])
+        pooled[arm] = dict(
+            arm=arm,
+            corrupted_sessions=k,
+            sessions=n,
+            **{x: v for x, v in stats.rate(k, n).items() if x in ("rate", "lo", "hi")},
+        )
+    f = stats.fisher(
+        pooled["off"]["corrupted_sessions"],
+        pooled["off"]["sessions"],
+        pooled["on"]["corrupted_sessions"],
+        pooled["on"]["sessions"],
+    )
     return [pooled["off"], pooled["on"]], f
 
 
 def verdict(pooled, fisher, summary, alpha=0.05):
     """One sentence: did the differential see divergence, and did turning it on change the rate?"""
     from nblib.core import stats
+
     off, on = pooled
     rate = lambda r: stats.fmt_rate(r["corrupted_sessions"], r["sessions"])
-    seen = (f"the differential diverged in {summary['diverged']} of {summary['comparisons']} comparisons "
-            f"(max_abs {summary['max_abs']:.3g}, top-k set differs in {summary['topk_rows']} rows)")
+    seen = (
+        f"the differential diverged in {summary['diverged']} of {summary['comparisons']} comparisons "
+        f"(max_abs {summary['max_abs']:.3g}, top-k set differs in {summary['topk_rows']} rows)"
+    )
     if fisher["p"] < alpha:
         way = "raised" if on["rate"] > off["rate"] else "lowered"
-        change = (f"turning it on {way} the corruption rate: {rate(off)} off vs {rate(on)} on, "
-                  f"Fisher p = {fisher['p']:.2g}; the instrument perturbs what it measures")
+        change = (
+            f"turning it on {way} the corruption rate: {rate(off)} off vs {rate(on)} on, "
+            f"Fisher p = {fisher['p']:.2g}; the instrument perturbs what it measures"
+        )
     else:
-        change = (f"no detectable change in the corruption rate: {rate(off)} off vs {rate(on)} on, "
-                  f"Fisher p = {fisher['p']:.2g}")
+        change = (
+            f"no detectable change in the corruption rate: {rate(off)} off vs {rate(on)} on, "
+            f"Fisher p = {fisher['p']:.2g}"
+        )
     return f"{seen}; {change}."

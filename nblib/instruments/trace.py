@@ -28,6 +28,7 @@ Backends:
         record_event record sync edges; triton's launch_enter_hook records raw Triton launches made
         outside any op (tensor arguments counted as read and write).
 """
+
 import contextlib
 import linecache
 import os
@@ -41,14 +42,20 @@ import torch
 
 from nblib.core.paths import NBLIB
 
-_SKIP_FILES = tuple(str(NBLIB / f) for f in ("instruments/trace.py", "instruments/audit.py", "backends/sim.py"))
+_SKIP_FILES = tuple(
+    str(NBLIB / f) for f in ("instruments/trace.py", "instruments/audit.py", "backends/sim.py")
+)
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
 _SKIP_SUFFIX = ("contextlib.py", "weakref.py")
 
 
 def _skip(fn):
-    return fn.startswith(_SKIP_FILES) or fn.startswith(_TORCH_DIR) or fn.endswith(_SKIP_SUFFIX) \
+    return (
+        fn.startswith(_SKIP_FILES)
+        or fn.startswith(_TORCH_DIR)
+        or fn.endswith(_SKIP_SUFFIX)
         or f"{os.sep}triton{os.sep}" in fn
+    )
 
 
 def python_stack(limit=12, depth=1):
@@ -66,8 +73,11 @@ def python_stack(limit=12, depth=1):
 
 def user_frames(stack):
     """A stack without the instruments' own frames (sim stacks keep audit.py's caller frames)."""
-    return [fr for fr in (stack or []) if not _skip(fr["filename"])
-            and f"{os.sep}site-packages{os.sep}" not in fr["filename"]]   # IPython, papermill, pytest
+    return [
+        fr
+        for fr in (stack or [])
+        if not _skip(fr["filename"]) and f"{os.sep}site-packages{os.sep}" not in fr["filename"]
+    ]  # IPython, papermill, pytest
 
 
 def site(stack, code=True):
@@ -85,27 +95,32 @@ def site(stack, code=True):
 
 
 def format_stack(stack, indent="    "):
-    return "\n".join(f"{indent}{os.path.basename(fr['filename'])}:{fr['line']} in {fr['name']}: "
-                     f"{linecache.getline(fr['filename'], fr['line']).strip()}" for fr in user_frames(stack))
+    return "\n".join(
+        f"{indent}{os.path.basename(fr['filename'])}:{fr['line']} in {fr['name']}: "
+        f"{linecache.getline(fr['filename'], fr['line']).strip()}"
+        for fr in user_frames(stack)
+    )
 
 
 # ------------------------------------------------------------------------------------------------
 # the trace
 # ------------------------------------------------------------------------------------------------
 
+
 @dataclass(eq=False)
 class Alloc:
     """One allocation made while capturing (or None for bytes from outside the capture's pool)."""
+
     id: int
     addr: int
     nbytes: int
-    stream: str                  # the allocation stream (whose free list gets the block back)
+    stream: str  # the allocation stream (whose free list gets the block back)
     stack: list
-    op: str = "?"                # the op that created it (aten::empty, aten::mm, ...)
-    free_stack: list = None      # where its last reference died; None: alive at capture end
+    op: str = "?"  # the op that created it (aten::empty, aten::mm, ...)
+    free_stack: list = None  # where its last reference died; None: alive at capture end
     freed: bool = False
     record_streams: list = field(default_factory=list)
-    name: str = None             # a readable name, when the caller knows one (see audit names=)
+    name: str = None  # a readable name, when the caller knows one (see audit names=)
 
     @property
     def end(self):
@@ -128,9 +143,9 @@ class Alloc:
 class Access:
     addr: int
     nbytes: int
-    kind: str                    # "r", "w", or "rw" (raw Triton launches: both)
-    what: str                    # the argument: "out", "arg2", "self", ...
-    alloc: Alloc = None          # the live allocation holding addr, None: persistent memory
+    kind: str  # "r", "w", or "rw" (raw Triton launches: both)
+    what: str  # the argument: "out", "arg2", "self", ...
+    alloc: Alloc = None  # the live allocation holding addr, None: persistent memory
 
     @property
     def writes(self):
@@ -144,17 +159,17 @@ class Op:
     stream: str
     stack: list
     accesses: list
-    epoch: int = 0               # filled by the audit: this op's clock on its stream
-    vc: dict = None              # filled by the audit: the stream's vector clock at this op
+    epoch: int = 0  # filled by the audit: this op's clock on its stream
+    vc: dict = None  # filled by the audit: the stream's vector clock at this op
 
 
 @dataclass(eq=False)
 class CaptureTrace:
-    label: dict                  # {"capture": i} plus whatever rec(...) was given, e.g. bucket
+    label: dict  # {"capture": i} plus whatever rec(...) was given, e.g. bucket
     backend: str
     events: list = field(default_factory=list)
-    graph: object = None         # the captured graph (sim: its nodes and last replay schedule)
-    complete: bool = False       # False: the capture raised before it ended
+    graph: object = None  # the captured graph (sim: its nodes and last replay schedule)
+    complete: bool = False  # False: the capture raised before it ended
 
     @property
     def ops(self):
@@ -182,7 +197,7 @@ class _Live:
             del self.by_addr[a.addr]
 
     def find(self, addr):
-        for a in self.by_addr.values():          # few live transients at once: a scan is enough
+        for a in self.by_addr.values():  # few live transients at once: a scan is enough
             if a.addr <= addr < a.end:
                 return a
         return None
@@ -203,12 +218,14 @@ def stream_namer(main):
             n = len(names)
             names[key] = "side" if n == 1 else f"side{n}"
         return names[key]
+
     return name
 
 
 # ------------------------------------------------------------------------------------------------
 # the recorder: one class, a backend per device
 # ------------------------------------------------------------------------------------------------
+
 
 class Recording:
     """Collects one CaptureTrace per capture started inside the `with` block."""
@@ -241,6 +258,7 @@ class Recording:
     def report(self, names=None):
         """The audit of every complete capture recorded so far (nblib.instruments.audit.Report)."""
         from nblib.instruments import audit
+
         return audit.audit(self.captures, names=names)
 
     def __enter__(self):
@@ -265,11 +283,13 @@ def recording(dev):
 # sim: read the graph's nodes, syncs and the allocator log when the capture ends
 # ------------------------------------------------------------------------------------------------
 
+
 class SimRecording(Recording):
     """Wraps SimGraph.capture_begin/capture_end for graphs of this device while the block runs."""
 
     def _install(self):
         from nblib.backends import sim
+
         cls = sim.SimGraph
         self._orig = (cls.capture_begin, cls.capture_end, cls._abort)
         begin, end, abort = self._orig
@@ -290,13 +310,14 @@ class SimRecording(Recording):
                 rec._build(g, *info[1:])
 
         def _abort(g):
-            g.__dict__.pop("_audit", None)       # the trace stays incomplete
+            g.__dict__.pop("_audit", None)  # the trace stays incomplete
             return abort(g)
 
         cls.capture_begin, cls.capture_end, cls._abort = capture_begin, capture_end, _abort
 
     def _uninstall(self):
         from nblib.backends import sim
+
         sim.SimGraph.capture_begin, sim.SimGraph.capture_end, sim.SimGraph._abort = self._orig
 
     def _build(self, g, trace, start, main):
@@ -316,8 +337,9 @@ class SimRecording(Recording):
                 e = log[li]
                 li += 1
                 if e["action"] == "alloc":
-                    a = Alloc(next(ids), e["addr"], e["size"], name(e["stream"]), e["stack"] or [],
-                              op=op_name)
+                    a = Alloc(
+                        next(ids), e["addr"], e["size"], name(e["stream"]), e["stack"] or [], op=op_name
+                    )
                     allocs[e["addr"]] = a
                     live.add(a)
                     ev.append(("alloc", a))
@@ -339,7 +361,7 @@ class SimRecording(Recording):
                 elif kind == "wait_event":
                     ev.append(("wait", name(s), event_names.setdefault(id(other), ("event", id(other)))))
                 elif kind == "record":
-                    key = ("event", id(other), si)           # each record is a new clock value
+                    key = ("event", id(other), si)  # each record is a new clock value
                     event_names[id(other)] = key
                     ev.append(("record", name(s), key))
 
@@ -347,7 +369,7 @@ class SimRecording(Recording):
             before = len(ev)
             flush_log(n.alloc_seq, "aten::empty")
             outs = {addr for addr, _, rw, what in n.accesses if what.startswith("out")}
-            for e in ev[before:]:        # this node's outputs were allocated just before it
+            for e in ev[before:]:  # this node's outputs were allocated just before it
                 if e[0] == "alloc" and e[1].addr in outs:
                     e[1].op = op_name(n.op)
             flush_syncs(n.index)
@@ -362,6 +384,7 @@ class SimRecording(Recording):
 # ------------------------------------------------------------------------------------------------
 # cuda: a dispatch mode, patched sync methods and triton's launch hook, for each capture
 # ------------------------------------------------------------------------------------------------
+
 
 def _extent(t):
     if t.numel() == 0:
@@ -384,23 +407,32 @@ class CudaRecording(Recording):
 
     def _install(self):
         from torch.utils._python_dispatch import TorchDispatchMode
+
         rec = self
         self._trace = None
         self._mode = None
-        self._guard = 0           # > 0 inside a patched sync method or a dispatched op
+        self._guard = 0  # > 0 inside a patched sync method or a dispatched op
         self._names = None
         self._live = _Live()
         self._ids = iter(range(1 << 62))
-        self._events = {}         # id(Event) -> (the Event, kept alive; key of its latest record)
-        self._handles = {}        # raw cudaStream_t -> stream key (for triton's hook)
+        self._events = {}  # id(Event) -> (the Event, kept alive; key of its latest record)
+        self._handles = {}  # raw cudaStream_t -> stream key (for triton's hook)
         G, E, S = torch.cuda.CUDAGraph, torch.cuda.Event, torch.cuda.Stream
-        self._orig = dict(begin=G.capture_begin, end=G.capture_end, erecord=E.record, ewait=E.wait,
-                          wait_event=S.wait_event, wait_stream=S.wait_stream, record_event=S.record_event)
+        self._orig = dict(
+            begin=G.capture_begin,
+            end=G.capture_end,
+            erecord=E.record,
+            ewait=E.wait,
+            wait_event=S.wait_event,
+            wait_stream=S.wait_stream,
+            record_event=S.record_event,
+        )
         o = self._orig
 
         class Mode(TorchDispatchMode):
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):
                 return rec._dispatch(func, args, kwargs or {})
+
         self._Mode = Mode
 
         def capture_begin(g, *a, **k):
@@ -427,16 +459,21 @@ class CudaRecording(Recording):
                 if outer:
                     rec._sync(kind, a, k, result)
                 return result
+
             wrapper.__wrapped__ = orig
             return wrapper
 
         G.capture_begin, G.capture_end = capture_begin, capture_end
         E.record, E.wait = sync("erecord", o["erecord"]), sync("ewait", o["ewait"])
-        S.wait_event, S.wait_stream = sync("wait_event", o["wait_event"]), sync("wait_stream", o["wait_stream"])
+        S.wait_event, S.wait_stream = (
+            sync("wait_event", o["wait_event"]),
+            sync("wait_stream", o["wait_stream"]),
+        )
         S.record_event = sync("record_event", o["record_event"])
         self._hook = self._triton_launch
         try:
             import triton
+
             triton.knobs.runtime.launch_enter_hook.add(self._hook)
         except (ImportError, AttributeError):
             self._hook = None
@@ -451,6 +488,7 @@ class CudaRecording(Recording):
         S.wait_event, S.wait_stream, S.record_event = o["wait_event"], o["wait_stream"], o["record_event"]
         if self._hook is not None:
             import triton
+
             triton.knobs.runtime.launch_enter_hook.remove(self._hook)
 
     # -- capture boundaries ---------------------------------------------------------------------
@@ -491,22 +529,22 @@ class CudaRecording(Recording):
     # -- syncs ----------------------------------------------------------------------------------
     def _sync(self, kind, a, k, result):
         ev = self._trace.events
-        if kind == "erecord":              # Event.record(self, stream=None)
+        if kind == "erecord":  # Event.record(self, stream=None)
             event, stream = a[0], (a[1] if len(a) > 1 else k.get("stream"))
             key = ("event", id(event), len(ev))
             self._events[id(event)] = (event, key)
             ev.append(("record", self._stream(stream), key))
-        elif kind == "ewait":              # Event.wait(self, stream=None)
+        elif kind == "ewait":  # Event.wait(self, stream=None)
             event, stream = a[0], (a[1] if len(a) > 1 else k.get("stream"))
             ev.append(("wait", self._stream(stream), self._event_key(event)))
-        elif kind == "record_event":       # Stream.record_event(self, event=None) -> event
+        elif kind == "record_event":  # Stream.record_event(self, event=None) -> event
             key = ("event", id(result), len(ev))
             self._events[id(result)] = (result, key)
             ev.append(("record", self._stream(a[0]), key))
-        elif kind == "wait_event":         # Stream.wait_event(self, event)
+        elif kind == "wait_event":  # Stream.wait_event(self, event)
             event = a[1] if len(a) > 1 else k["event"]
             ev.append(("wait", self._stream(a[0]), self._event_key(event)))
-        elif kind == "wait_stream":        # Stream.wait_stream(self, other): a record plus a wait
+        elif kind == "wait_stream":  # Stream.wait_stream(self, other): a record plus a wait
             other = a[1] if len(a) > 1 else k["stream"]
             key = ("wait_stream", len(ev))
             ev.append(("record", self._stream(other), key))
@@ -520,11 +558,17 @@ class CudaRecording(Recording):
 
     # -- ops ------------------------------------------------------------------------------------
     def _dispatch(self, func, args, kwargs):
-        from nblib.backends.sim import _op_info, _arg
         from torch.utils._pytree import tree_flatten
+
+        from nblib.backends.sim import _arg, _op_info
+
         info = _op_info(func)
-        if (info.kind == "view" or self._trace is None or self._guard
-                or not torch.cuda.is_current_stream_capturing()):
+        if (
+            info.kind == "view"
+            or self._trace is None
+            or self._guard
+            or not torch.cuda.is_current_stream_capturing()
+        ):
             return func(*args, **kwargs)
         stream = self._stream()
         stack = python_stack(depth=2)
@@ -557,7 +601,7 @@ class CudaRecording(Recording):
             r = res[i] if i < len(res) else None
             if src is not None:
                 continue
-            for t in (r if isinstance(r, (list, tuple)) else [r]):     # Tensor[] returns too
+            for t in r if isinstance(r, (list, tuple)) else [r]:  # Tensor[] returns too
                 if not isinstance(t, torch.Tensor) or not t.is_cuda:
                     continue
                 a = self._new_alloc(t, stream, stack, func)
@@ -578,11 +622,12 @@ class CudaRecording(Recording):
         self._trace.events.append(("alloc", a))
         trace, live = self._trace, self._live
 
-        def freed():                 # runs where the last reference dies: that is the free site
+        def freed():  # runs where the last reference dies: that is the free site
             live.remove(a)
             if trace is self._trace:  # freed while capturing (later frees do not matter)
                 a.freed, a.free_stack = True, python_stack(depth=2)
                 trace.events.append(("free", a))
+
         weakref.finalize(st, freed).atexit = False
         return a
 
@@ -604,10 +649,14 @@ class CudaRecording(Recording):
             key = self._handles.get(handle)
             stream = self._names(key) if key is not None else f"stream {handle!r}"
         stack = python_stack(depth=2)
-        acc = [Access(x.data_ptr(), _extent(x), "rw", f"arg{j}", self._live.find(x.data_ptr()))
-               for j, x in enumerate(args) if isinstance(x, torch.Tensor) and x.is_cuda and x.numel()]
-        self._trace.events.append(("op", Op(self._next_op(), f"triton::{data.get('name', '?')}",
-                                            stream, stack, acc)))
+        acc = [
+            Access(x.data_ptr(), _extent(x), "rw", f"arg{j}", self._live.find(x.data_ptr()))
+            for j, x in enumerate(args)
+            if isinstance(x, torch.Tensor) and x.is_cuda and x.numel()
+        ]
+        self._trace.events.append(
+            ("op", Op(self._next_op(), f"triton::{data.get('name', '?')}", stream, stack, acc))
+        )
 
 
 def triton_launch_args(frame, depth=8):

@@ -1,4 +1,5 @@
 """python -m nblib run [--params params/gpu.yaml] [--out outputs/gpu] [--only 00 01]"""
+
 import argparse
 import sys
 
@@ -14,6 +15,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if args.cmd == "run":
         from nblib.publish import suite
+
         try:
             recs = suite.run(args.params, args.out, args.only, args.timeout)
         except (ValueError, RuntimeError, FileNotFoundError) as e:

@@ -1,4 +1,5 @@
 """Profiles (params/*.yaml) are plain values; they are checked here before anything heavy runs."""
+
 from pathlib import Path
 
 import yaml

@@ -1,4 +1,5 @@
 """Figures for the notebooks; each returns a matplotlib Figure and saves nothing by itself."""
+
 import matplotlib.pyplot as plt
 
 
@@ -7,8 +8,7 @@ def corruption_heatmap(rows, level="session"):
     annotated with k/n. Clean cells are white, so the fingerprint reads at a glance."""
     configs = sorted({(r["index_dtype"], r["mode"], r["overlap"]) for r in rows})
     buckets = sorted({r["bucket"] for r in rows})
-    key_k, key_n = (("corrupted_sessions", "sessions") if level == "session"
-                    else ("corrupted_steps", "steps"))
+    key_k, key_n = ("corrupted_sessions", "sessions") if level == "session" else ("corrupted_steps", "steps")
     grid = [[float("nan")] * len(buckets) for _ in configs]
     fig, ax = plt.subplots(figsize=(1.2 * len(buckets) + 3, 0.5 * len(configs) + 1.5))
     for r in rows:
@@ -34,8 +34,10 @@ def stream_timeline(trace, hazards=(), schedule=None, title=None):
     lane = {s: i for i, s in enumerate(streams)}
     if schedule is not None:
         scale = 1e6
-        span = [(schedule[0][op.index] * scale, (schedule[1][op.index] - schedule[0][op.index]) * scale)
-                for op in ops]
+        span = [
+            (schedule[0][op.index] * scale, (schedule[1][op.index] - schedule[0][op.index]) * scale)
+            for op in ops
+        ]
         xlabel = "simulated time in one replay (us)"
     else:
         span = [(i, 0.9) for i in range(len(ops))]
@@ -44,16 +46,33 @@ def stream_timeline(trace, hazards=(), schedule=None, title=None):
     bad = {h.first.index for h in hazards} | {h.second.index for h in hazards}
     fig, ax = plt.subplots(figsize=(11, 0.9 * len(streams) + 1.6))
     for op, (x, w) in zip(ops, span):
-        ax.barh(lane[op.stream], w, left=x, height=0.6, color="tab:red" if op.index in bad else "tab:blue",
-                edgecolor="white", linewidth=0.5)
+        ax.barh(
+            lane[op.stream],
+            w,
+            left=x,
+            height=0.6,
+            color="tab:red" if op.index in bad else "tab:blue",
+            edgecolor="white",
+            linewidth=0.5,
+        )
     for h in {(h.first.index, h.second.index): h for h in hazards}.values():
         (x1, w1), (x2, w2) = at[h.first.index], at[h.second.index]
-        ax.plot([x1 + w1 / 2, x2 + w2 / 2], [lane[h.first.stream], lane[h.second.stream]],
-                "--", color="tab:red", linewidth=1)
+        ax.plot(
+            [x1 + w1 / 2, x2 + w2 / 2],
+            [lane[h.first.stream], lane[h.second.stream]],
+            "--",
+            color="tab:red",
+            linewidth=1,
+        )
     for op, (x, w) in zip(ops, span):
         if op.index in bad:
-            ax.annotate(op.name.split("::")[-1], (x + w / 2, lane[op.stream] + 0.33), ha="center",
-                        fontsize=7, color="tab:red")
+            ax.annotate(
+                op.name.split("::")[-1],
+                (x + w / 2, lane[op.stream] + 0.33),
+                ha="center",
+                fontsize=7,
+                color="tab:red",
+            )
     ax.set_yticks(range(len(streams)), streams)
     ax.invert_yaxis()
     ax.set_xlabel(xlabel)

@@ -4,20 +4,30 @@ is one a notebook measured. A notebook that did not finish shows as missing, nev
     results = report.load(output_dir)
     md = report.writeup(results)          # markdown; report.save(output_dir, md) writes writeup.md
 """
+
 import os
 from pathlib import Path
 
 from nblib.core import stats
 
-NOTEBOOKS = ("00_reproduce", "01_canary", "02_graph_vs_eager", "03_stream_overlap", "04_persistent_buffer_fix")
-FIGURES = (("00_matrix_sessions.png", "Corrupted sessions by configuration and bucket (notebook 00)"),
-           ("03_timeline.png", "The two streams of one capture, the racing ops in red (notebook 03)"),
-           ("04_step_times.png", "Decode-step time per bucket, buggy overlap vs the fixes (notebook 04)"))
+NOTEBOOKS = (
+    "00_reproduce",
+    "01_canary",
+    "02_graph_vs_eager",
+    "03_stream_overlap",
+    "04_persistent_buffer_fix",
+)
+FIGURES = (
+    ("00_matrix_sessions.png", "Corrupted sessions by configuration and bucket (notebook 00)"),
+    ("03_timeline.png", "The two streams of one capture, the racing ops in red (notebook 03)"),
+    ("04_step_times.png", "Decode-step time per bucket, buggy overlap vs the fixes (notebook 04)"),
+)
 
 
 def load(output_dir):
     """{notebook: its results, or None when missing or not finished (status other than "ok")}."""
     import json
+
     out = {}
     for name in NOTEBOOKS:
         try:
@@ -30,10 +40,18 @@ def load(output_dir):
 
 def environment(results):
     """One row per notebook: where and on which code it ran."""
-    return [dict(notebook=n, status="ok" if r else "missing", device=(r or {}).get("device", "-"),
-                 torch=(r or {}).get("torch", "-"), triton=(r or {}).get("triton", "-"),
-                 commit=str((r or {}).get("commit", "-"))[:12], seconds=(r or {}).get("seconds", "-"))
-            for n, r in results.items()]
+    return [
+        dict(
+            notebook=n,
+            status="ok" if r else "missing",
+            device=(r or {}).get("device", "-"),
+            torch=(r or {}).get("torch", "-"),
+            triton=(r or {}).get("triton", "-"),
+            commit=str((r or {}).get("commit", "-"))[:12],
+            seconds=(r or {}).get("seconds", "-"),
+        )
+        for n, r in results.items()
+    ]
 
 
 def same_code(results):
@@ -55,39 +73,68 @@ def investigation(results):
 
     if r0:
         bad = [m for m in r0["matrix"] if m["corrupted_sessions"]]
-        where = "; ".join(f"{m['index_dtype']}/{m['mode']}/overlap {m['overlap']}/bucket {m['bucket']} "
-                          f"{_rate(m['corrupted_sessions'], m['sessions'])}" for m in bad) or "nowhere"
+        where = (
+            "; ".join(
+                f"{m['index_dtype']}/{m['mode']}/overlap {m['overlap']}/bucket {m['bucket']} "
+                f"{_rate(m['corrupted_sessions'], m['sessions'])}"
+                for m in bad
+            )
+            or "nowhere"
+        )
         add("00 symptom matrix", "where does the output go wrong?", f"corrupted: {where}. {r0['verdict']}")
     else:
         add("00 symptom matrix", "where does the output go wrong?", "not run in this run")
-    add("01 canary", "is the index-K cache being overwritten?", r1["verdict"] if r1 else "not run in this run")
+    add(
+        "01 canary", "is the index-K cache being overwritten?", r1["verdict"] if r1 else "not run in this run"
+    )
     if r2:
         off, on = r2["pooled"]
         add("02 graph vs eager", "does the differential see it, and does it change the rate?", r2["verdict"])
-        need = "; ".join(f"baseline {x['baseline']:.3g}: {x['fisher']} sessions per arm" for x in r2["sessions_needed"])
-        add("02 Heisenbug statistics", "how many sessions tell a real change in rate from chance?",
+        need = "; ".join(
+            f"baseline {x['baseline']:.3g}: {x['fisher']} sessions per arm" for x in r2["sessions_needed"]
+        )
+        add(
+            "02 Heisenbug statistics",
+            "how many sessions tell a real change in rate from chance?",
             f"to detect a rate falling to zero with 80% power (Fisher, alpha 0.05): {need}; to claim a rate below 1% "
             f"with no failure: {r2['zero_failure_1pct']} sessions. Measured: {_rate(off['corrupted_sessions'], off['sessions'])} "
-            f"off vs {_rate(on['corrupted_sessions'], on['sessions'])} on, Fisher p = {r2['fisher']['p']:.2g}")
+            f"off vs {_rate(on['corrupted_sessions'], on['sessions'])} on, Fisher p = {r2['fisher']['p']:.2g}",
+        )
     else:
         add("02 graph vs eager", "does the differential see it?", "not run in this run")
     if r3:
         add("03 overlap toggles", "which knob turns it off?", r3["verdict"])
         h = r3["hazards"][0] if r3["hazards"] else None
-        named = (f"{h['kind']}: {h['first_op']} ({h['first_stream']}) on {h['first_tensor']} "
-                 f"[alloc {h['first_alloc']}; free {h['first_free']}] vs {h['second_op']} ({h['second_stream']}) on "
-                 f"{h['second_tensor']} [alloc {h['second_alloc']}], bucket {h['bucket']}, {h['nbytes']} bytes"
-                 if h else "no hazard named")
-        csan_s = f" PyTorch's CUDA sanitizer on the same captures: {r3['csan_verdict']}" if r3.get("csan_verdict") else ""
-        add("03 capture audit", "what races, from one capture?",
-            f"{named}. One capture audited in {r3['audit_one_capture_seconds']} s.{csan_s}")
+        named = (
+            f"{h['kind']}: {h['first_op']} ({h['first_stream']}) on {h['first_tensor']} "
+            f"[alloc {h['first_alloc']}; free {h['first_free']}] vs {h['second_op']} ({h['second_stream']}) on "
+            f"{h['second_tensor']} [alloc {h['second_alloc']}], bucket {h['bucket']}, {h['nbytes']} bytes"
+            if h
+            else "no hazard named"
+        )
+        csan_s = (
+            f" PyTorch's CUDA sanitizer on the same captures: {r3['csan_verdict']}"
+            if r3.get("csan_verdict")
+            else ""
+        )
+        add(
+            "03 capture audit",
+            "what races, from one capture?",
+            f"{named}. One capture audited in {r3['audit_one_capture_seconds']} s.{csan_s}",
+        )
     else:
         add("03 overlap toggles / audit", "which knob, which race?", "not run in this run")
     if r4:
         add("04 fix", "does the persistent buffer remove it, with confidence?", r4["verdict"])
-        add("04 speed", "does the fix keep the overlap's speed?",
-            r4["overlap_story"] + " " + "; ".join(f"{c['check']}: {c['measured']}"
-                                                  for c in r4["checks"] if "decode step" in c["check"]))
+        add(
+            "04 speed",
+            "does the fix keep the overlap's speed?",
+            r4["overlap_story"]
+            + " "
+            + "; ".join(
+                f"{c['check']}: {c['measured']}" for c in r4["checks"] if "decode step" in c["check"]
+            ),
+        )
     else:
         add("04 fix", "does the fix remove it?", "not run in this run")
     return rows
@@ -100,25 +147,41 @@ def figures(output_dir):
 def writeup(results, output_dir):
     """The whole writeup as markdown (tables, figure links, environment)."""
     from nblib.publish.show import markdown_table
+
     ran = [n for n, r in results.items() if r]
     first = results[ran[0]] if ran else {}
     same, commits = same_code(results)
-    parts = [f"# Capture-corruption investigation: {Path(output_dir).name}",
-             f"Backend {first.get('backend', '-')}, device {first.get('device', '-')}, "
-             f"{len(ran)} of {len(NOTEBOOKS)} notebooks finished. "
-             + ("All ran on commit " + commits[0][:12] + "." if same and commits else
-                f"They ran on {len(commits)} different commits: {', '.join(c[:12] for c in commits)}."),
-             "## The investigation", markdown_table(investigation(results), ["step", "question", "finding"])]
+    parts = [
+        f"# Capture-corruption investigation: {Path(output_dir).name}",
+        f"Backend {first.get('backend', '-')}, device {first.get('device', '-')}, "
+        f"{len(ran)} of {len(NOTEBOOKS)} notebooks finished. "
+        + (
+            "All ran on commit " + commits[0][:12] + "."
+            if same and commits
+            else f"They ran on {len(commits)} different commits: {', '.join(c[:12] for c in commits)}."
+        ),
+        "## The investigation",
+        markdown_table(investigation(results), ["step", "question", "finding"]),
+    ]
     if results["04_persistent_buffer_fix"]:
         r4 = results["04_persistent_buffer_fix"]
-        parts += ["## The fix", markdown_table(r4["pooled"], ["variant", "buckets", "corrupted_sessions", "sessions",
-                                                             "rate", "lo", "hi"]),
-                  markdown_table(r4["checks"], ["check", "measured", "holds"]),
-                  "## Speed (decode step, median ms)", markdown_table(r4["speed"])]
+        parts += [
+            "## The fix",
+            markdown_table(
+                r4["pooled"], ["variant", "buckets", "corrupted_sessions", "sessions", "rate", "lo", "hi"]
+            ),
+            markdown_table(r4["checks"], ["check", "measured", "holds"]),
+            "## Speed (decode step, median ms)",
+            markdown_table(r4["speed"]),
+        ]
     if results["00_reproduce"]:
-        parts += ["## The fingerprint (notebook 00)",
-                  markdown_table(results["00_reproduce"]["fingerprint"],
-                                 ["check", "corrupted", "sessions", "upper95", "holds", "expected"])]
+        parts += [
+            "## The fingerprint (notebook 00)",
+            markdown_table(
+                results["00_reproduce"]["fingerprint"],
+                ["check", "corrupted", "sessions", "upper95", "holds", "expected"],
+            ),
+        ]
     parts += ["## Figures"] + [f"![{cap}]({f})\n\n*{cap}*" for f, cap in figures(output_dir)]
     parts += ["## Environment", markdown_table(environment(results))]
     return "\n\n".join(parts) + "\n"

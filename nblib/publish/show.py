@@ -19,10 +19,12 @@ def markdown_table(rows, columns=None):
 
 def table(rows, columns=None):
     from IPython.display import Markdown
+
     return Markdown(markdown_table(rows, columns))
 
 
 def say(text):
     """A sentence computed from the data, shown as prose."""
     from IPython.display import Markdown
+
     return Markdown(text)

@@ -5,17 +5,24 @@ A notebook counts as done only when its results.json says status "ok" (its last 
 papermill's own success is not enough, since a cell timeout leaves no error in the notebook.
 A failed notebook stops the run, is marked failed with its failing cell, and earlier results stay.
 """
+
 import html
 import json
 import os
 import time
 from pathlib import Path
 
-from nblib.publish import params as P
 from nblib.core.results import write_json
+from nblib.publish import params as P
 
-NOTEBOOKS = ("00_reproduce", "01_canary", "02_graph_vs_eager", "03_stream_overlap",
-             "04_persistent_buffer_fix", "05_report")
+NOTEBOOKS = (
+    "00_reproduce",
+    "01_canary",
+    "02_graph_vs_eager",
+    "03_stream_overlap",
+    "04_persistent_buffer_fix",
+    "05_report",
+)
 
 
 def available(only=None):
@@ -35,7 +42,7 @@ def run(params_path=None, out=None, only=None, timeout=1800):
 
     params_path = Path(params_path or P.default_profile())
     values = P.load(params_path)
-    P.resolve_backend(values.get("backend", "auto"))     # a missing GPU fails here, in one line
+    P.resolve_backend(values.get("backend", "auto"))  # a missing GPU fails here, in one line
     out = Path(out or P.ROOT / "outputs" / params_path.stem)
     out.mkdir(parents=True, exist_ok=True)
     notebooks = available(only)
@@ -47,28 +54,41 @@ def run(params_path=None, out=None, only=None, timeout=1800):
         rec = dict(notebook=name, status="failed", html=f"{name}.html", error=None)
         t0 = time.perf_counter()
         src = P.ROOT / "notebooks" / f"{name}.ipynb"
-        declared = pm.inspect_notebook(str(src))   # pass each notebook only the parameters it declares
+        declared = pm.inspect_notebook(str(src))  # pass each notebook only the parameters it declares
         try:
-            pm.execute_notebook(str(src), str(dest),
-                                parameters={k: v for k, v in {**values, "output_dir": str(out.resolve())}.items()
-                                            if k in declared},
-                                cwd=str(P.ROOT), progress_bar=False, execution_timeout=timeout,
-                                kernel_name="python3")
+            pm.execute_notebook(
+                str(src),
+                str(dest),
+                parameters={
+                    k: v for k, v in {**values, "output_dir": str(out.resolve())}.items() if k in declared
+                },
+                cwd=str(P.ROOT),
+                progress_bar=False,
+                execution_timeout=timeout,
+                kernel_name="python3",
+            )
         except Exception as e:  # papermill raises PapermillExecutionError with the cell
             rec["error"] = _describe(e)
         res = _results(out, name)
         if rec["error"] is None and res.get("status") != "ok":
             rec["error"] = f"results.json says status {res.get('status')!r}: the notebook did not finish"
-        rec.update(status="ok" if rec["error"] is None else "failed", seconds=round(time.perf_counter() - t0, 1),
-                   verdict=res.get("verdict"), backend=res.get("backend"), device=res.get("device"),
-                   commit=res.get("commit"))
+        rec.update(
+            status="ok" if rec["error"] is None else "failed",
+            seconds=round(time.perf_counter() - t0, 1),
+            verdict=res.get("verdict"),
+            backend=res.get("backend"),
+            device=res.get("device"),
+            commit=res.get("commit"),
+        )
         if dest.exists():
             _render_html(dest, out / rec["html"])
         records = [r for r in records if r["notebook"] != name] + [rec]
         _write_index(out, records, params_path)
         if rec["status"] != "ok":
             bar.close()
-            raise SystemExit(f"{name} failed: {rec['error']}\n(executed copy: {dest}; earlier results kept in {out})")
+            raise SystemExit(
+                f"{name} failed: {rec['error']}\n(executed copy: {dest}; earlier results kept in {out})"
+            )
     return records
 
 
@@ -89,8 +109,10 @@ def _results(out, name):
 def _render_html(nb_path, html_path):
     import nbformat
     from nbconvert import HTMLExporter
-    body, _ = HTMLExporter(exclude_input=True, exclude_input_prompt=True,
-                           exclude_output_prompt=True).from_notebook_node(nbformat.read(nb_path, 4))
+
+    body, _ = HTMLExporter(
+        exclude_input=True, exclude_input_prompt=True, exclude_output_prompt=True
+    ).from_notebook_node(nbformat.read(nb_path, 4))
     tmp = html_path.with_suffix(".html.tmp")
     tmp.write_text(body)
     os.replace(tmp, html_path)
@@ -110,7 +132,8 @@ def _write_index(out, records, params_path):
         f"<tr class='{r['status']}'><td><a href='{html.escape(r['html'])}'>{r['notebook']}</a></td>"
         f"<td>{r['status']}</td><td>{html.escape(str(r.get('verdict') or r.get('error') or ''))}</td>"
         f"<td>{html.escape(str(r.get('device')))}</td><td>{r.get('seconds', '')}</td></tr>"
-        for r in records)
+        for r in records
+    )
     page = f"""<!doctype html><meta charset="utf-8"><title>capture-corruption suite: {out.name}</title>
 <style>body{{font-family:sans-serif;max-width:70em;margin:2em auto}}td,th{{padding:.3em .8em;text-align:left}}
 tr.failed{{background:#fdd}}tr.ok td:nth-child(2){{color:#070}}</style>

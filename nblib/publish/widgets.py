@@ -1,9 +1,10 @@
 """ipywidgets controls for live sessions. Callbacks stay thin over the plain functions that batch
 runs call, because papermill never sees an error raised inside a widget callback."""
-from nblib.studies import reproduce
-from nblib.publish import show
+
 from nblib.engine.model import INDEX_DTYPES, OVERLAPS
 from nblib.engine.runner import MODES
+from nblib.publish import show
+from nblib.studies import reproduce
 
 
 def matrix_explorer(dev, model, buckets, workload):
@@ -19,8 +20,15 @@ def matrix_explorer(dev, model, buckets, workload):
     def on_click(_):
         with out:
             out.clear_output()
-            rows, aliases = reproduce.corruption_matrix(dev, model, [b for b in buckets if b <= bucket.value],
-                                                        workload, [dtype.value], [mode.value], [overlap.value])
+            rows, aliases = reproduce.corruption_matrix(
+                dev,
+                model,
+                [b for b in buckets if b <= bucket.value],
+                workload,
+                [dtype.value],
+                [mode.value],
+                [overlap.value],
+            )
             display(show.table(reproduce.with_intervals([r for r in rows if r["bucket"] == bucket.value])))
             display(show.table(aliases))
 

@@ -11,15 +11,16 @@ that the Wilson 95 % upper bound on its rate is below the target; (2) the captur
 in it; (3) its decode step keeps the overlap's speed: within 5 % of the buggy overlap's time, and
 faster than overlap off wherever the overlap helps at all.
 """
+
 import gc
 import math
 import statistics
 
 from nblib.core import stats
 from nblib.engine.model import DecodeModel, ModelConfig
-from nblib.instruments.overhead import full_batch, timed, timer
 from nblib.engine.runner import Runner
 from nblib.engine.workload import WorkloadConfig, in_bucket, run_sessions
+from nblib.instruments.overhead import full_batch, timed, timer
 
 VARIANTS = {
     "buggy overlap": dict(overlap="on", logits_policy="transient"),
@@ -29,14 +30,16 @@ VARIANTS = {
 }
 BUGGY = "buggy overlap"
 FIXES = ("persistent buffer", "record_stream")
-SPEED_TOLERANCE = 0.05   # the fix may cost at most 5 % over the buggy overlap
-HELPS = 0.02             # overlap "helps" at a bucket when overlap off is > 2 % slower
+SPEED_TOLERANCE = 0.05  # the fix may cost at most 5 % over the buggy overlap
+HELPS = 0.02  # overlap "helps" at a bucket when overlap off is > 2 % slower
 
 
 def check_variants(variants):
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown or BUGGY not in variants:
-        raise ValueError(f"variants must include {BUGGY!r} and come from {', '.join(VARIANTS)}; got {variants}")
+        raise ValueError(
+            f"variants must include {BUGGY!r} and come from {', '.join(VARIANTS)}; got {variants}"
+        )
     return list(variants)
 
 
@@ -54,12 +57,28 @@ def run_variant(dev, model, buckets, workload, variant, sessions=None, index_dty
         # more sessions than the profile's: repeat its workload with new seeds, so the cache pages the
         # profile sized for its concurrent sessions still suffice
         chunks = [min(workload["sessions"], n - i) for i in range(0, n, workload["sessions"])]
-        parts = [in_bucket(run_sessions(runner, WorkloadConfig(**{**workload, "sessions": c, "concurrency": b,
-                                                                   "seed": workload.get("seed", 0) + 1000 * k})), b)
-                 for k, c in enumerate(chunks)]
+        parts = [
+            in_bucket(
+                run_sessions(
+                    runner,
+                    WorkloadConfig(
+                        **{
+                            **workload,
+                            "sessions": c,
+                            "concurrency": b,
+                            "seed": workload.get("seed", 0) + 1000 * k,
+                        }
+                    ),
+                ),
+                b,
+            )
+            for k, c in enumerate(chunks)
+        ]
         rows.append(dict(variant=variant, bucket=b, **{key: sum(p[key] for p in parts) for key in parts[0]}))
         if progress:
-            progress(f"{variant:18s} bucket {b:3d}: corrupted {rows[-1]['corrupted_sessions']}/{rows[-1]['sessions']}")
+            progress(
+                f"{variant:18s} bucket {b:3d}: corrupted {rows[-1]['corrupted_sessions']}/{rows[-1]['sessions']}"
+            )
     del runner, m
     gc.collect()
     return rows
@@ -73,8 +92,9 @@ def plan(buggy_rows, target=0.01, margin=1.1, min_bucket=2):
     racy = sorted(r["bucket"] for r in buggy_rows if r["corrupted_sessions"])
     where = racy or sorted(r["bucket"] for r in buggy_rows if r["bucket"] >= min_bucket)
     per = math.ceil(need * margin / max(1, len(where)))
-    return dict(needed=need, target=target, racy_buckets=racy, pooled_buckets=where,
-                sessions={b: per for b in where})
+    return dict(
+        needed=need, target=target, racy_buckets=racy, pooled_buckets=where, sessions={b: per for b in where}
+    )
 
 
 def pooled(rows, buckets):
@@ -84,14 +104,24 @@ def pooled(rows, buckets):
         sel = [r for r in rows if r["variant"] == v and r["bucket"] in buckets]
         k, n = sum(r["corrupted_sessions"] for r in sel), sum(r["sessions"] for r in sel)
         s = stats.rate(k, n)
-        out.append(dict(variant=v, buckets=list(buckets), corrupted_sessions=k, sessions=n,
-                        rate=s["rate"], lo=s["lo"], hi=s["hi"]))
+        out.append(
+            dict(
+                variant=v,
+                buckets=list(buckets),
+                corrupted_sessions=k,
+                sessions=n,
+                rate=s["rate"],
+                lo=s["lo"],
+                hi=s["hi"],
+            )
+        )
     return out
 
 
 def audits(dev, model, buckets, variants, index_dtype="bf16"):
     """The capture audit of every bucket of each variant: {variant: Report}."""
     from nblib.instruments import audit
+
     out = {}
     for v in variants:
         m = _model(dev, model, v, index_dtype)
@@ -115,8 +145,17 @@ def step_times(dev, model, buckets, variants, replays=200, warmup=10, index_dtyp
             args = full_batch(m, b, seed)
             ts = timed(measure, lambda: runner.run(*args), replays, warmup)
             q = statistics.quantiles(ts, n=4)
-            rows.append(dict(variant=v, bucket=b, median_ms=statistics.median(ts), q1_ms=q[0], q3_ms=q[2],
-                             replays=replays, method=method))
+            rows.append(
+                dict(
+                    variant=v,
+                    bucket=b,
+                    median_ms=statistics.median(ts),
+                    q1_ms=q[0],
+                    q3_ms=q[2],
+                    replays=replays,
+                    method=method,
+                )
+            )
         del runner, m
         gc.collect()
     return rows
@@ -170,13 +209,22 @@ def checks(rows, plan_, reports, speed_rows, fixes=FIXES, gpu_times=True):
         p = pool.get(f)
         if p is None:
             continue
-        out.append(dict(check=f"{f}: 0 corrupted sessions, upper bound < {100 * plan_['target']:g}%",
-                        measured=f"{p['corrupted_sessions']}/{p['sessions']} (upper {100 * p['hi']:.2f}%)",
-                        holds=p["corrupted_sessions"] == 0 and p["hi"] < plan_["target"]))
+        out.append(
+            dict(
+                check=f"{f}: 0 corrupted sessions, upper bound < {100 * plan_['target']:g}%",
+                measured=f"{p['corrupted_sessions']}/{p['sessions']} (upper {100 * p['hi']:.2f}%)",
+                holds=p["corrupted_sessions"] == 0 and p["hi"] < plan_["target"],
+            )
+        )
     for v, rep in reports.items():
         want = v == BUGGY
-        out.append(dict(check=f"{v}: the audit {'names a race' if want else 'finds no race'}",
-                        measured=rep.summary(), holds=(not rep.ok) == want))
+        out.append(
+            dict(
+                check=f"{v}: the audit {'names a race' if want else 'finds no race'}",
+                measured=rep.summary(),
+                holds=(not rep.ok) == want,
+            )
+        )
     helps = [s for s in speed_rows if s.get("overlap helps")]
     speed_checks = []
     for f in fixes:
@@ -185,14 +233,23 @@ def checks(rows, plan_, reports, speed_rows, fixes=FIXES, gpu_times=True):
         if not got:
             continue
         worst = max(got, key=lambda s: s[key])
-        speed_checks.append(dict(check=f"{f}: decode step within {100 * SPEED_TOLERANCE:g}% of the buggy overlap's",
-                                 measured=f"worst {worst[key]:.3f}x at bucket {worst['bucket']}",
-                                 holds=worst[key] <= 1 + SPEED_TOLERANCE))
+        speed_checks.append(
+            dict(
+                check=f"{f}: decode step within {100 * SPEED_TOLERANCE:g}% of the buggy overlap's",
+                measured=f"worst {worst[key]:.3f}x at bucket {worst['bucket']}",
+                holds=worst[key] <= 1 + SPEED_TOLERANCE,
+            )
+        )
         if helps:
             slower = [s for s in helps if s[f"{f} ms"] >= s["overlap off ms"]]
-            speed_checks.append(dict(check=f"{f}: faster than overlap off where the overlap helps",
-                                     measured=f"buckets {[s['bucket'] for s in helps]}; not faster at "
-                                              f"{[s['bucket'] for s in slower] or 'none'}", holds=not slower))
+            speed_checks.append(
+                dict(
+                    check=f"{f}: faster than overlap off where the overlap helps",
+                    measured=f"buckets {[s['bucket'] for s in helps]}; not faster at "
+                    f"{[s['bucket'] for s in slower] or 'none'}",
+                    holds=not slower,
+                )
+            )
     if not gpu_times:
         for c in speed_checks:
             c.update(holds=None, measured=c["measured"] + " (simulator host time: not judged)")
@@ -208,18 +265,28 @@ def overlap_story(speed_rows, branch_rows):
         b = br.get(s["bucket"])
         if b is None or "overlap off ms" not in s:
             continue
-        rows.append(dict(bucket=s["bucket"], indexer_ms=b["indexer_ms"], mlp_ms=b["mlp_ms"],
-                         could_hide_ms=min(b["indexer_ms"], b["mlp_ms"]),
-                         hidden_ms=s["overlap off ms"] - s[f"{BUGGY} ms"], helps=s["overlap helps"]))
+        rows.append(
+            dict(
+                bucket=s["bucket"],
+                indexer_ms=b["indexer_ms"],
+                mlp_ms=b["mlp_ms"],
+                could_hide_ms=min(b["indexer_ms"], b["mlp_ms"]),
+                hidden_ms=s["overlap off ms"] - s[f"{BUGGY} ms"],
+                helps=s["overlap helps"],
+            )
+        )
     helps = [r["bucket"] for r in rows if r["helps"]]
-    detail = ", ".join(f"bucket {r['bucket']}: hid {r['hidden_ms']:.3f} of {r['could_hide_ms']:.3f} ms"
-                       for r in rows)
+    detail = ", ".join(
+        f"bucket {r['bucket']}: hid {r['hidden_ms']:.3f} of {r['could_hide_ms']:.3f} ms" for r in rows
+    )
     if helps:
         text = f"the overlap helps at buckets {helps} (more than {100 * HELPS:g}% faster than overlap off); {detail}"
     else:
-        text = (f"the overlap helps at no bucket (no bucket is more than {100 * HELPS:g}% faster with it): "
-                f"{detail}. Run side by side, the two branches share the GPU, and the shorter one is "
-                f"not hidden behind the longer.")
+        text = (
+            f"the overlap helps at no bucket (no bucket is more than {100 * HELPS:g}% faster with it): "
+            f"{detail}. Run side by side, the two branches share the GPU, and the shorter one is "
+            f"not hidden behind the longer."
+        )
     return rows, text
 
 
@@ -227,15 +294,25 @@ def verdict(cks, plan_, pool_rows):
     bad = [c for c in cks if c["holds"] is False]
     unjudged = [c for c in cks if c["holds"] is None]
     buggy = next((p for p in pool_rows if p["variant"] == BUGGY), None)
-    head = ("the bug was not reproduced here, so no fix can be proved against it; "
-            if not plan_["racy_buckets"] else
-            f"the buggy overlap corrupted {buggy['corrupted_sessions']}/{buggy['sessions']} sessions in buckets "
-            f"{plan_['racy_buckets']}; ")
-    fixes = "; ".join(f"{p['variant']} {p['corrupted_sessions']}/{p['sessions']} (95% upper {100 * p['hi']:.2f}%)"
-                      for p in pool_rows if p["variant"] != BUGGY)
-    tail = ("every check holds" if not bad else
-            "checks that FAIL: " + "; ".join(f"{c['check']} ({c['measured']})" for c in bad))
+    head = (
+        "the bug was not reproduced here, so no fix can be proved against it; "
+        if not plan_["racy_buckets"]
+        else f"the buggy overlap corrupted {buggy['corrupted_sessions']}/{buggy['sessions']} sessions in buckets "
+        f"{plan_['racy_buckets']}; "
+    )
+    fixes = "; ".join(
+        f"{p['variant']} {p['corrupted_sessions']}/{p['sessions']} (95% upper {100 * p['hi']:.2f}%)"
+        for p in pool_rows
+        if p["variant"] != BUGGY
+    )
+    tail = (
+        "every check holds"
+        if not bad
+        else "checks that FAIL: " + "; ".join(f"{c['check']} ({c['measured']})" for c in bad)
+    )
     if unjudged:
-        tail += (f" ({len(unjudged)} speed check(s) not judged: the simulator's times are the Python "
-                 f"model's host time, not a GPU's)")
+        tail += (
+            f" ({len(unjudged)} speed check(s) not judged: the simulator's times are the Python "
+            f"model's host time, not a GPU's)"
+        )
     return f"{head}over the same buckets: {fixes}. {tail}."

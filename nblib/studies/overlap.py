@@ -7,20 +7,22 @@ A configuration is (logits policy, index dtype, overlap); each is captured for e
 corruption rate comes from replaying the agentic workload (nblib.studies.reproduce.corruption_matrix, graph
 mode); the audit reads one more capture of the same configuration (nblib.instruments.audit), replaying nothing.
 """
+
 import gc
 import time
 
+from nblib.engine.model import LOGITS_POLICIES, DecodeModel, ModelConfig, check_choice
+from nblib.engine.runner import Runner
 from nblib.instruments import audit
 from nblib.studies import reproduce
-from nblib.engine.model import DecodeModel, ModelConfig, LOGITS_POLICIES, check_choice
-from nblib.engine.runner import Runner
 
 
 def audit_model(dev, model, buckets, index_dtype, overlap, logits_policy):
     """Capture every bucket of one configuration under the recorder; returns (report, runner, trace
     seconds). The runner's graphs are the audited ones (replay them for a timeline)."""
-    m = DecodeModel(ModelConfig(**model, index_dtype=index_dtype, overlap=overlap,
-                                logits_policy=logits_policy), dev)
+    m = DecodeModel(
+        ModelConfig(**model, index_dtype=index_dtype, overlap=overlap, logits_policy=logits_policy), dev
+    )
     runner = Runner(m, buckets, "graph")
     t0 = time.perf_counter()
     with audit.recording(dev) as rec:
@@ -39,8 +41,9 @@ def toggles(dev, model, buckets, workload, index_dtypes, overlaps, logits_polici
         check_choice("logits policy", p, LOGITS_POLICIES)
     rows, reports = [], {}
     for policy in logits_policies:
-        matrix, _ = reproduce.corruption_matrix(dev, model, buckets, workload, index_dtypes, ["graph"],
-                                                overlaps, policy, progress=progress)
+        matrix, _ = reproduce.corruption_matrix(
+            dev, model, buckets, workload, index_dtypes, ["graph"], overlaps, policy, progress=progress
+        )
         for dtype in index_dtypes:
             for ov in overlaps:
                 rep, runner, cap_s = audit_model(dev, model, buckets, dtype, ov, policy)
@@ -51,49 +54,96 @@ def toggles(dev, model, buckets, workload, index_dtypes, overlaps, logits_polici
                         continue
                     hz = [h.row() for h in by_bucket.get(r["bucket"], [])]
                     tensor_rows = audit.Report(rep.traces, by_bucket.get(r["bucket"], []), 0).rows("tensors")
-                    rows.append(dict(logits_policy=policy, index_dtype=dtype, overlap=ov, bucket=r["bucket"],
-                                     sessions=r["sessions"], corrupted_sessions=r["corrupted_sessions"],
-                                     steps=r["steps"], corrupted_steps=r["corrupted_steps"],
-                                     hazards=len(hz), audit="hazard" if hz else "clean",
-                                     tensors="; ".join(_pair(t) for t in tensor_rows),
-                                     alloc_free=_sites(tensor_rows)))
+                    rows.append(
+                        dict(
+                            logits_policy=policy,
+                            index_dtype=dtype,
+                            overlap=ov,
+                            bucket=r["bucket"],
+                            sessions=r["sessions"],
+                            corrupted_sessions=r["corrupted_sessions"],
+                            steps=r["steps"],
+                            corrupted_steps=r["corrupted_steps"],
+                            hazards=len(hz),
+                            audit="hazard" if hz else "clean",
+                            tensors="; ".join(_pair(t) for t in tensor_rows),
+                            alloc_free=_sites(tensor_rows),
+                        )
+                    )
                 if progress:
-                    progress(f"audit {policy:10s} {dtype:4s} overlap={ov:3s}: {rep.summary()} "
-                             f"(capture {cap_s:.2f} s)")
+                    progress(
+                        f"audit {policy:10s} {dtype:4s} overlap={ov:3s}: {rep.summary()} "
+                        f"(capture {cap_s:.2f} s)"
+                    )
                 del runner
                 gc.collect()
     return rows, reports
 
 
 def _sites(tensor_rows):
-    return "; ".join(f"{t['first_tensor']}: alloc {t['first_alloc']}, free {t['first_free']} | "
-                     f"{t['second_tensor']}: alloc {t['second_alloc']}, free {t['second_free']}"
-                     for t in tensor_rows[:1])
+    return "; ".join(
+        f"{t['first_tensor']}: alloc {t['first_alloc']}, free {t['first_free']} | "
+        f"{t['second_tensor']}: alloc {t['second_alloc']}, free {t['second_free']}"
+        for t in tensor_rows[:1]
+    )
 
 
 def checks(rows):
     """What the audit must get right, checked on the measured rows."""
+
     def check(name, sel, pred, expect):
         sel = [r for r in rows if sel(r)]
         bad = [r for r in sel if not pred(r)]
-        return dict(check=name, configurations=len(sel), failures=len(bad), holds=bool(sel) and not bad,
-                    expected=expect, where=", ".join(_where(r) for r in bad[:4]))
+        return dict(
+            check=name,
+            configurations=len(sel),
+            failures=len(bad),
+            holds=bool(sel) and not bad,
+            expected=expect,
+            where=", ".join(_where(r) for r in bad[:4]),
+        )
 
     named = lambda r: "indexer.logits (side)" in r["tensors"] and "(main)" in r["tensors"]
     return [
-        check("corrupting configuration -> the audit names the logits transient and a main-stream tensor",
-              lambda r: r["corrupted_sessions"] > 0, lambda r: r["hazards"] > 0 and named(r), "hazard"),
-        check("bf16 + transient + overlap on -> hazard (every bucket where the bytes are reused)",
-              _racy, lambda r: r["hazards"] > 0 or r["corrupted_sessions"] == 0, "hazard"),
-        check("overlap off -> no hazard", lambda r: r["overlap"] == "off", lambda r: r["hazards"] == 0, "clean"),
-        check("persistent logits buffer -> no hazard", lambda r: r["logits_policy"] == "persistent",
-              lambda r: r["hazards"] == 0, "clean"),
-        check("record_stream before the free -> no hazard", lambda r: r["logits_policy"] == "record_stream",
-              lambda r: r["hazards"] == 0, "clean"),
-        check("fp8 (logits allocated on the side stream) -> no hazard", lambda r: r["index_dtype"] == "fp8",
-              lambda r: r["hazards"] == 0, "clean"),
-        check("no hazard -> no corruption", lambda r: r["hazards"] == 0,
-              lambda r: r["corrupted_sessions"] == 0, "clean"),
+        check(
+            "corrupting configuration -> the audit names the logits transient and a main-stream tensor",
+            lambda r: r["corrupted_sessions"] > 0,
+            lambda r: r["hazards"] > 0 and named(r),
+            "hazard",
+        ),
+        check(
+            "bf16 + transient + overlap on -> hazard (every bucket where the bytes are reused)",
+            _racy,
+            lambda r: r["hazards"] > 0 or r["corrupted_sessions"] == 0,
+            "hazard",
+        ),
+        check(
+            "overlap off -> no hazard", lambda r: r["overlap"] == "off", lambda r: r["hazards"] == 0, "clean"
+        ),
+        check(
+            "persistent logits buffer -> no hazard",
+            lambda r: r["logits_policy"] == "persistent",
+            lambda r: r["hazards"] == 0,
+            "clean",
+        ),
+        check(
+            "record_stream before the free -> no hazard",
+            lambda r: r["logits_policy"] == "record_stream",
+            lambda r: r["hazards"] == 0,
+            "clean",
+        ),
+        check(
+            "fp8 (logits allocated on the side stream) -> no hazard",
+            lambda r: r["index_dtype"] == "fp8",
+            lambda r: r["hazards"] == 0,
+            "clean",
+        ),
+        check(
+            "no hazard -> no corruption",
+            lambda r: r["hazards"] == 0,
+            lambda r: r["corrupted_sessions"] == 0,
+            "clean",
+        ),
     ]
 
 
@@ -111,12 +161,20 @@ def verdict(cks, rows):
     ok = all(c["holds"] for c in held)
     latent = [r for r in rows if r["hazards"] and not r["corrupted_sessions"]]
     corrupt = [r for r in rows if r["corrupted_sessions"]]
-    head = ("audit agrees with the replays" if ok else "audit DISAGREES with the replays: " +
-            "; ".join(f"{c['check']} fails at {c['where']}" for c in held if not c["holds"]))
-    s = (f"{head}: {len(corrupt)} corrupting configuration(s) "
-         f"({', '.join(_where(r) for r in corrupt) or 'none'}), each with a named hazard; "
-         f"no hazard with overlap off, a persistent buffer, record_stream, or fp8.")
+    head = (
+        "audit agrees with the replays"
+        if ok
+        else "audit DISAGREES with the replays: "
+        + "; ".join(f"{c['check']} fails at {c['where']}" for c in held if not c["holds"])
+    )
+    s = (
+        f"{head}: {len(corrupt)} corrupting configuration(s) "
+        f"({', '.join(_where(r) for r in corrupt) or 'none'}), each with a named hazard; "
+        f"no hazard with overlap off, a persistent buffer, record_stream, or fp8."
+    )
     if latent:
-        s += (f" Hazard without observed corruption (a latent race, intermittent at this sample size): "
-              f"{', '.join(_where(r) for r in latent)}.")
+        s += (
+            f" Hazard without observed corruption (a latent race, intermittent at this sample size): "
+            f"{', '.join(_where(r) for r in latent)}."
+        )
     return s

@@ -6,12 +6,13 @@ the steps replayed in its bucket's graph: the run's tail (fewer sessions left, a
 belongs to the smaller bucket's graph, not to this one. Every step is
 compared with the eager single-stream reference; rates come with Wilson 95% intervals.
 """
+
 import gc
 import time
 
 from nblib.core import stats
-from nblib.engine.model import DecodeModel, ModelConfig, INDEX_DTYPES, OVERLAPS, check_choice
-from nblib.engine.runner import Runner, MODES, check_buckets
+from nblib.engine.model import INDEX_DTYPES, OVERLAPS, DecodeModel, ModelConfig, check_choice
+from nblib.engine.runner import MODES, Runner, check_buckets
 from nblib.engine.workload import WorkloadConfig, in_bucket, run_sessions
 
 
@@ -24,12 +25,22 @@ def check_matrix_args(index_dtypes, modes, overlaps, buckets, logits_policy="tra
     for o in overlaps:
         check_choice("overlap mode", o, OVERLAPS)
     from nblib.engine.model import LOGITS_POLICIES
+
     check_choice("logits policy", logits_policy, LOGITS_POLICIES)
     return check_buckets(buckets)
 
 
-def corruption_matrix(dev, model, buckets, workload, index_dtypes=INDEX_DTYPES, modes=MODES,
-                      overlaps=OVERLAPS, logits_policy="transient", progress=print):
+def corruption_matrix(
+    dev,
+    model,
+    buckets,
+    workload,
+    index_dtypes=INDEX_DTYPES,
+    modes=MODES,
+    overlaps=OVERLAPS,
+    logits_policy="transient",
+    progress=print,
+):
     """Run every configuration; returns (rows, aliases). `model`, `workload`: dicts of config values."""
     buckets = check_matrix_args(index_dtypes, modes, overlaps, buckets, logits_policy)
     base = ModelConfig(**model, logits_policy=logits_policy)
@@ -44,12 +55,22 @@ def corruption_matrix(dev, model, buckets, workload, index_dtypes=INDEX_DTYPES, 
                     aliases += [dict(index_dtype=dtype, overlap=overlap, **a) for a in runner.aliases()]
                 for b in buckets:
                     r = run_sessions(runner, WorkloadConfig(**{**workload, "concurrency": b}))
-                    rows.append(dict(index_dtype=dtype, mode=mode, overlap=overlap, bucket=b, **in_bucket(r, b),
-                                     buckets_replayed=sorted({s["bucket"] for s in r["step_log"]})))
+                    rows.append(
+                        dict(
+                            index_dtype=dtype,
+                            mode=mode,
+                            overlap=overlap,
+                            bucket=b,
+                            **in_bucket(r, b),
+                            buckets_replayed=sorted({s["bucket"] for s in r["step_log"]}),
+                        )
+                    )
                 if progress:
-                    bad = [(x["bucket"], x["corrupted_sessions"]) for x in rows[-len(buckets):]]
-                    progress(f"{dtype:4s} {mode:5s} overlap={overlap:3s}  corrupted sessions by "
-                             f"bucket {bad}  ({time.perf_counter() - t0:.1f} s)")
+                    bad = [(x["bucket"], x["corrupted_sessions"]) for x in rows[-len(buckets) :]]
+                    progress(
+                        f"{dtype:4s} {mode:5s} overlap={overlap:3s}  corrupted sessions by "
+                        f"bucket {bad}  ({time.perf_counter() - t0:.1f} s)"
+                    )
                 del runner
                 gc.collect()
             del m
@@ -63,13 +84,23 @@ def with_intervals(rows):
     for r in rows:
         s = stats.rate(r["corrupted_sessions"], r["sessions"])
         t = stats.rate(r["corrupted_steps"], r["steps"])
-        out.append({**r, "session_rate": s["rate"], "session_lo": s["lo"], "session_hi": s["hi"],
-                    "step_rate": t["rate"], "step_lo": t["lo"], "step_hi": t["hi"]})
+        out.append(
+            {
+                **r,
+                "session_rate": s["rate"],
+                "session_lo": s["lo"],
+                "session_hi": s["hi"],
+                "step_rate": t["rate"],
+                "step_lo": t["lo"],
+                "step_hi": t["hi"],
+            }
+        )
     return out
 
 
 def fingerprint(rows):
     """The campaign's fingerprint, checked on the measured rows (not asserted: reported)."""
+
     def bad(pred):
         sel = [r for r in rows if pred(r)]
         return sum(r["corrupted_sessions"] for r in sel), sum(r["sessions"] for r in sel)
@@ -78,12 +109,26 @@ def fingerprint(rows):
         k, n = bad(pred)
         lo, hi = stats.wilson(k, n)
         holds = (k > 0) if expect_bad else (k == 0)
-        return dict(check=name, corrupted=k, sessions=n, upper95=hi, holds=holds,
-                    expected="corrupts" if expect_bad else "clean")
+        return dict(
+            check=name,
+            corrupted=k,
+            sessions=n,
+            upper95=hi,
+            holds=holds,
+            expected="corrupts" if expect_bad else "clean",
+        )
 
     return [
-        row("bf16 + graph + overlap on, bucket > 1", lambda r: r["index_dtype"] == "bf16"
-            and r["mode"] == "graph" and r["overlap"] == "on" and r["bucket"] > 1, True),
+        row(
+            "bf16 + graph + overlap on, bucket > 1",
+            lambda r: (
+                r["index_dtype"] == "bf16"
+                and r["mode"] == "graph"
+                and r["overlap"] == "on"
+                and r["bucket"] > 1
+            ),
+            True,
+        ),
         row("eager", lambda r: r["mode"] == "eager", False),
         row("fp8", lambda r: r["index_dtype"] == "fp8", False),
         row("overlap off", lambda r: r["overlap"] == "off", False),
@@ -94,11 +139,18 @@ def fingerprint(rows):
 def verdict(fp, rows):
     """One sentence from the measured fingerprint; it says so when the data disagree with it."""
     corrupt = [r for r in rows if r["corrupted_sessions"]]
-    where = ", ".join(f"{r['index_dtype']}/{r['mode']}/overlap {r['overlap']}/bucket {r['bucket']}: "
-                      f"{r['corrupted_sessions']}/{r['sessions']}" for r in corrupt) or "nowhere"
+    where = (
+        ", ".join(
+            f"{r['index_dtype']}/{r['mode']}/overlap {r['overlap']}/bucket {r['bucket']}: "
+            f"{r['corrupted_sessions']}/{r['sessions']}"
+            for r in corrupt
+        )
+        or "nowhere"
+    )
     clean = [c for c in fp if c["expected"] == "clean"]
     held = all(c["holds"] for c in fp)
     head = "fingerprint reproduced" if held else "fingerprint NOT reproduced"
-    bounds = "; ".join(f"{c['check']} {c['corrupted']}/{c['sessions']} (95% upper {100 * c['upper95']:.1f}%)"
-                       for c in clean)
+    bounds = "; ".join(
+        f"{c['check']} {c['corrupted']}/{c['sessions']} (95% upper {100 * c['upper95']:.1f}%)" for c in clean
+    )
     return f"{head}: corrupted sessions {where}. Clean checks: {bounds}."
