@@ -8,24 +8,17 @@ import json
 import os
 import platform
 import subprocess
-import tempfile
 from pathlib import Path
 
 import torch
 
+from nblib.core.atomic import write_text
 from nblib.core.paths import ROOT
 
 
 def write_json(path, obj):
     """Write atomically: a crash mid-write leaves the old file, never half a file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    os.chmod(tmp, 0o644)  # mkstemp makes 0600; results are for everyone to read
-    with os.fdopen(fd, "w") as f:
-        json.dump(obj, f, indent=1, default=str)
-        f.write("\n")
-    os.replace(tmp, path)
+    write_text(path, json.dumps(obj, indent=1, default=str) + "\n")
 
 
 def commit():
