@@ -100,11 +100,11 @@ def figure(df, grid):
     for ax, n in zip(axes[0], notebooks):
         sel = have[have["notebook"] == n]
         series = list(sel.groupby(["arm", *others], sort=False, dropna=False))
-        for i, (label, s) in enumerate(series):
+        for i, (key, s) in enumerate(series):
             dodge = (i - (len(series) - 1) / 2) * 0.08  # series side by side at each x
             x = [xs.index(str(v)) + dodge for v in s[grid.x]]
             err = [s["rate"] - s["lo"], s["hi"] - s["rate"]]
-            label = label if isinstance(label, tuple) else (label,)
+            label = key if isinstance(key, tuple) else (key,)
             name = ", ".join([str(label[0]), *(f"{k}={v}" for k, v in zip(others, label[1:]))])
             ax.errorbar(x, s["rate"], yerr=err, fmt="o", capsize=3, label=name)
         ax.set_xticks(range(len(xs)), xs)
