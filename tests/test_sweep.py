@@ -95,7 +95,8 @@ def test_local_workers_run_retry_once_record_failures_and_resume(tmp_path):
     assert (row["lo"], row["hi"]) == pytest.approx(stats.wilson(k, n))
     assert fig.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and fig.stat().st_size > 10_000
     saved = json.loads((out / "sweep.json").read_text())
-    assert {p["id"]: p["status"] for p in saved["points"]} == {good.point.id: "ok", bad.point.id: "failed"}
+    assert {p["point"]: p["status"] for p in saved["points"]} == {good.point.id: "ok", bad.point.id: "failed"}
+    assert {p["worker"] for p in saved["points"]} == {"cpu"}
 
     # again, with the good point alone: it is done, so nothing runs and its results stay as they were
     before = (out / "points" / good.point.id / "00_reproduce.results.json").stat().st_mtime_ns
@@ -117,6 +118,7 @@ def test_the_same_sweep_as_ray_tasks_brings_every_point_back(tmp_path, capsys):
     finally:
         ray.shutdown()
     assert [o.status for o in outcomes] == ["ok", "ok"]
+    assert all(o.worker.startswith("ray node ") for o in outcomes)
     assert "Ray dashboard" in capsys.readouterr().out
     df = pd.read_csv(table)
     for o in outcomes:

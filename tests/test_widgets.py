@@ -54,7 +54,7 @@ def test_matrix_explorer_runs_the_chosen_knobs_through_the_batch_function(dev):
     assert p.state["rows"] == reproduce.with_intervals(rows)  # the same function, the same knobs
     assert seen == [1, 2]  # one tick per configuration, as each finished
     assert p.progress.value == p.progress.max == 2 and p.progress.bar_style == "success"
-    assert p.view.value.count("<tr>") >= 1 + len(rows) and "corrupted_sessions" in p.view.value
+    assert p.view.value.count("<tr") >= 1 + len(rows) and "corrupted_sessions" in p.view.value
     assert image(p).startswith(PNG)
 
 

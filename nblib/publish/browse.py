@@ -94,7 +94,7 @@ def check(site_dir, screenshot=None):
 
 
 def _crawl(browser, base, out, screenshot):
-    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    page = browser.new_page(viewport={"width": 1280, "height": 1100})
     current = {"path": None}
     page.on("console", lambda m: m.type == "error" and out.console_errors.append((current["path"], m.text)))
     page.on("pageerror", lambda e: out.console_errors.append((current["path"], str(e))))
@@ -106,7 +106,7 @@ def _crawl(browser, base, out, screenshot):
         out.pages.append(path)
         if path == "index.html" and screenshot:
             Path(screenshot).parent.mkdir(parents=True, exist_ok=True)
-            page.screenshot(path=str(screenshot), full_page=True)
+            page.screenshot(path=str(screenshot))  # the first screen: what a reader sees on opening
         for src, width in page.eval_on_selector_all("img", "els => els.map(e => [e.src, e.naturalWidth])"):
             out.images += 1
             if not width:

@@ -45,7 +45,9 @@ def _point_files(point, notebooks, timeout):
     """Inside a Ray task: run the point in a scratch folder; return (outcome, {relative path: bytes})."""
     with tempfile.TemporaryDirectory(prefix="nblib-point-") as d:
         where = Path(d) / point.id
-        outcome = sweep.run_point(point, notebooks, where, env=None, timeout=timeout)
+        gpus = ",".join(map(str, ray.get_gpu_ids()))
+        worker = f"ray node {ray.util.get_node_ip_address()}" + (f" GPU {gpus}" if gpus else "")
+        outcome = sweep.run_point(point, notebooks, where, env=None, timeout=timeout, worker=worker)
         files = {str(f.relative_to(where)): f.read_bytes() for f in sorted(where.rglob("*")) if f.is_file()}
     return outcome, files
 

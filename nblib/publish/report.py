@@ -5,10 +5,10 @@ is one a notebook measured. A notebook that did not finish shows as missing, nev
     md = report.writeup(results)          # markdown; report.save(output_dir, md) writes writeup.md
 """
 
-import os
 from pathlib import Path
 
 from nblib.core import stats
+from nblib.core.atomic import write_text
 
 NOTEBOOKS = (
     "00_reproduce",
@@ -96,9 +96,10 @@ def investigation(results):
         add(
             "02 Heisenbug statistics",
             "how many sessions tell a real change in rate from chance?",
-            f"to detect a rate falling to zero with 80% power (Fisher, alpha 0.05): {need}; to claim a rate below 1% "
-            f"with no failure: {r2['zero_failure_1pct']} sessions. Measured: {_rate(off['corrupted_sessions'], off['sessions'])} "
-            f"off vs {_rate(on['corrupted_sessions'], on['sessions'])} on, Fisher p = {r2['fisher']['p']:.2g}",
+            f"to detect a rate falling to zero with 80% power (Fisher, alpha 0.05): {need}; "
+            f"to claim a rate below 1% with no failure: {r2['zero_failure_1pct']} sessions. "
+            f"Measured: {_rate(off['corrupted_sessions'], off['sessions'])} off vs "
+            f"{_rate(on['corrupted_sessions'], on['sessions'])} on, Fisher p = {r2['fisher']['p']:.2g}",
         )
     else:
         add("02 graph vs eager", "does the differential see it?", "not run in this run")
@@ -107,8 +108,8 @@ def investigation(results):
         h = r3["hazards"][0] if r3["hazards"] else None
         named = (
             f"{h['kind']}: {h['first_op']} ({h['first_stream']}) on {h['first_tensor']} "
-            f"[alloc {h['first_alloc']}; free {h['first_free']}] vs {h['second_op']} ({h['second_stream']}) on "
-            f"{h['second_tensor']} [alloc {h['second_alloc']}], bucket {h['bucket']}, {h['nbytes']} bytes"
+            f"[alloc {h['first_alloc']}; free {h['first_free']}] vs {h['second_op']} ({h['second_stream']}) "
+            f"on {h['second_tensor']} [alloc {h['second_alloc']}], bucket {h['bucket']}, {h['nbytes']} bytes"
             if h
             else "no hazard named"
         )
@@ -188,8 +189,4 @@ def writeup(results, output_dir):
 
 
 def save(output_dir, text, name="writeup.md"):
-    path = Path(output_dir) / name
-    tmp = path.with_suffix(".md.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-    return path
+    return write_text(Path(output_dir) / name, text)

@@ -68,13 +68,15 @@ def _environment(run, records):
             dict(
                 notebook=r["notebook"],
                 status=r["status"],
-                **{k: res.get(k, "-") for k in ("device", "backend", "torch", "triton", "python", "commit")},
+                **{k: res.get(k, "-") for k in ("device", "backend", "torch", "triton", "python")},
+                commit=str(res.get("commit", "-"))[:12],
                 seconds=res.get("seconds", "-"),
             )
         )
         text = yaml.safe_dump(res.get("params", {}), sort_keys=False, default_flow_style=None, width=100)
         groups.setdefault(text, []).append(r["notebook"])  # notebooks that shared their parameters
-    return show.html_table(rows), [(", ".join(names), text) for text, names in groups.items()]
+    commits = sorted({str(_results(run, r["notebook"]).get("commit", "-")) for r in records})
+    return show.html_table(rows), [(", ".join(names), text) for text, names in groups.items()], commits
 
 
 def build(run_dir, out=None):
@@ -131,7 +133,7 @@ def _build(run, index, records, dest):
             ),
         )
         names.append("writeup.html")
-    table, params = _environment(run, records)
+    table, params, commits = _environment(run, records)
     write_text(
         dest / "environment.html",
         pages.render(
@@ -139,6 +141,7 @@ def _build(run, index, records, dest):
             title=f"environment: {ctx['run']}",
             environment=table,
             params=params,
+            commits=commits,
             params_file=index.get("params", "-"),
             **ctx,
         ),

@@ -76,6 +76,8 @@ class Outcome(NamedTuple):
     attempts: int
     error: str | None
     seconds: float
+    worker: str = ""  # where it ran: "GPU 1", "cpu", "ray node 10.0.0.2 GPU 0"
+    started: float = 0.0  # unix time, so a sweep's record shows its workers overlapping
 
 
 @functools.lru_cache
@@ -170,10 +172,12 @@ def done(point_dir, notebooks):
     return True
 
 
-def run_point(point, notebooks, point_dir, env=None, timeout=1800):
+def run_point(point, notebooks, point_dir, env=None, timeout=1800, worker=None):
     """Run one point with `python -m nblib run` in a child process (its own papermill kernels);
     a second attempt if the first fails. Returns an Outcome; the child's output goes to run.log."""
-    point_dir = Path(point_dir)
+    point_dir, started = Path(point_dir), time.time()
+    gpus = (env or os.environ).get("CUDA_VISIBLE_DEVICES")
+    worker = worker or (f"GPU {gpus}" if gpus else "cpu")
     write_text(point_dir / "params.yaml", yaml.safe_dump(point.params, sort_keys=False))
     write_json(point_dir / "point.json", dict(id=point.id, values=point.values))
     cmd = [sys.executable, "-m", "nblib", "run", "--params", str(point_dir / "params.yaml")]
@@ -185,9 +189,9 @@ def run_point(point, notebooks, point_dir, env=None, timeout=1800):
             log.flush()
             p = subprocess.run(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, check=False)
         if p.returncode == 0 and done(point_dir, notebooks):
-            return Outcome(point, "ok", attempt, None, round(time.perf_counter() - t0, 1))
+            return Outcome(point, "ok", attempt, None, round(time.perf_counter() - t0, 1), worker, started)
         error = _last_error(point_dir / "run.log") or f"exit status {p.returncode}"
-    return Outcome(point, "failed", ATTEMPTS, error, round(time.perf_counter() - t0, 1))
+    return Outcome(point, "failed", ATTEMPTS, error, round(time.perf_counter() - t0, 1), worker, started)
 
 
 def _last_error(log):
@@ -266,10 +270,7 @@ def sweep(params, grid, out=None, workers=None, ray=None, table="csv", timeout=1
             params=suite.shown_path(params),
             grid=dict(zip(g.keys, g.values)),
             notebooks=g.notebooks,
-            points=[
-                dict(id=o.point.id, values=o.point.values, **o._asdict()) | {"point": o.point.id}
-                for o in outcomes
-            ],
+            points=[{**o._asdict(), "point": o.point.id, "values": o.point.values} for o in outcomes],
         ),
     )
     df = sweep_table.collect(out, g, [o.point for o in outcomes], {o.point.id: o for o in outcomes})

@@ -61,7 +61,9 @@ def collect(out, grid, points, outcomes):
     rows = []
     for p in points:
         o = outcomes[p.id]
-        base = dict(point=p.id, **{k: _shown(v) for k, v in p.values.items()}, attempts=o.attempts)
+        base = dict(
+            point=p.id, **{k: _shown(v) for k, v in p.values.items()}, attempts=o.attempts, worker=o.worker
+        )
         for n in grid.notebooks:
             try:
                 res = json.loads((Path(out) / "points" / p.id / f"{n}.results.json").read_text())

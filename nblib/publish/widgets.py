@@ -10,6 +10,7 @@ question. Each callback calls the plain function the batch run calls and shows i
 Each returns a Panel (nblib.publish.panel): show it as a cell's last value; panel.click() runs it.
 """
 
+import ipywidgets as W
 import matplotlib.pyplot as plt
 
 from nblib.core import stats
@@ -20,17 +21,6 @@ from nblib.publish import pagemap, plots
 from nblib.publish.panel import Panel
 from nblib.publish.show import html_table
 from nblib.studies import fix, overlap, reproduce
-
-try:
-    import ipywidgets as W
-except ImportError:  # the batch path never needs widgets; a live session says what to install
-    W = None
-
-
-def _ui():
-    if W is None:
-        raise RuntimeError("widgets need ipywidgets: pip install ipywidgets (make lab installs it)")
-    return W
 
 
 def _need(values, what):
@@ -48,7 +38,6 @@ def _rate(k, n):
 
 def matrix_explorer(dev, model, buckets, workload, logits_policy="transient"):
     """Corrupted sessions and steps by index dtype x mode x overlap x bucket, for the knobs chosen."""
-    W = _ui()
     p = Panel(
         controls=dict(
             index_dtypes=W.SelectMultiple(
@@ -93,7 +82,6 @@ def matrix_explorer(dev, model, buckets, workload, logits_policy="transient"):
 
 def page_map(dev, model, buckets, workload, logits_policy="transient", index_dtype="bf16"):
     """The canary's run for one overlap setting and bucket; a slider walks its replays' page maps."""
-    W = _ui()
     step = W.IntSlider(value=0, min=0, max=0, description="replay", disabled=True, continuous_update=False)
     p = Panel(
         controls=dict(
@@ -145,7 +133,6 @@ def page_map(dev, model, buckets, workload, logits_policy="transient", index_dty
 def gediff_explorer(dev, model, buckets, workload, logits_policy="transient", seed=0):
     """Per bucket, the corruption rate with the differential off and on; a slider walks the
     differential's comparisons in the chosen bucket's run."""
-    W = _ui()
     run_of = W.Dropdown(options=sorted(buckets), value=max(buckets), description="run", disabled=True)
     step = W.IntSlider(
         value=0, min=0, max=0, description="comparison", disabled=True, continuous_update=False
@@ -226,7 +213,6 @@ def timeline_explorer(
 ):
     """Capture and audit one configuration; the chosen bucket's capture is drawn stream by stream,
     and the chosen hazard's two ops are lit, with both tensors' allocation and free sites."""
-    W = _ui()
     hazard = W.Dropdown(options=[], description="hazard", layout=W.Layout(width="95%"), disabled=True)
     shown = W.Dropdown(options=sorted(buckets), value=max(buckets), description="bucket", disabled=True)
     p = Panel(
@@ -311,7 +297,6 @@ def timeline_explorer(
 
 def fix_explorer(dev, model, buckets, workload, replays=20, index_dtype="bf16"):
     """The chosen variants at the chosen buckets: corrupted sessions (Wilson 95%) and step time."""
-    W = _ui()
     names = tuple(fix.VARIANTS)
     p = Panel(
         controls=dict(
