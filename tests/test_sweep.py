@@ -114,13 +114,14 @@ def test_the_same_sweep_as_ray_tasks_brings_every_point_back(tmp_path, capsys):
         params = write(tmp_path, "p.yaml", TINY)
         grid = write(tmp_path, "g.yaml", {"notebook": "00", "grid": {"seed": [0, 1]}})
         out = tmp_path / "ray"
-        outcomes, table, _ = sweep.sweep(params, grid, out=out, ray="auto")
+        outcomes, table, _ = sweep.sweep(params, grid, out=out, ray="auto", table="parquet")
     finally:
         ray.shutdown()
     assert [o.status for o in outcomes] == ["ok", "ok"]
     assert all(o.worker.startswith("ray node ") for o in outcomes)
     assert "Ray dashboard" in capsys.readouterr().out
-    df = pd.read_csv(table)
+    assert table.name == "sweep.parquet"
+    df = pd.read_parquet(table)
     for o in outcomes:
         point = out / "points" / o.point.id
         res = json.loads((point / "00_reproduce.results.json").read_text())

@@ -164,6 +164,7 @@ def _build(run, index, records, dest):
             steps=report.investigation(results),
             figures=figures,
             summary=summary,
+            has_writeup="writeup.html" in names,
             **ctx,
         ),
     )
