@@ -46,6 +46,7 @@ def racy_sessions(res):
         ({}, {"notebook": "00", "grid": {"index_dtypes": [["int4"]]}}, "unknown index dtype 'int4'"),
         ({}, {"notebook": "09", "grid": {"seed": [0]}}, "unknown notebook '09'"),
         ({}, {"notebook": "00", "grid": {"seed": 3}}, "needs a non-empty list"),
+        ({}, {"notebook": "00", "grid": {"seed": [1, 1]}}, "lists a value twice"),
     ],
 )
 def test_a_bad_key_or_value_fails_in_one_line_before_anything_runs(tmp_path, profile, grid, message):

@@ -56,7 +56,8 @@ def run(todo, notebooks, out, profile, address, timeout, bar):
     """Yield each point's Outcome as its task finishes, its files written under out/points/<id>/."""
     url = connect(address)
     print(f"Ray dashboard: {url}" if url else "Ray dashboard: not running (pip install 'ray[default]')")
-    gpu = profile.get("backend") == "cuda"
+    backend = profile.get("backend", "auto")
+    gpu = backend == "cuda" or (backend == "auto" and ray.cluster_resources().get("GPU", 0) > 0)
     task = ray.remote(_point_files).options(num_gpus=1 if gpu else 0, num_cpus=1)
     pending = [task.remote(p, notebooks, timeout) for p in todo]
     while pending:

@@ -99,6 +99,8 @@ def load_grid(path, notebook=None):
     for k, v in grid.items():
         if not isinstance(v, list) or not v:
             raise ValueError(f"grid key {k!r} in {path} needs a non-empty list of values, got {v!r}")
+        if len({json.dumps(x, sort_keys=True) for x in v}) < len(v):  # two points, one folder
+            raise ValueError(f"grid key {k!r} in {path} lists a value twice: {v!r}")
     which = notebook or spec.get("notebook", "suite")
     notebooks = tuple(suite.available() if which == "suite" else suite.available([str(which)]))
     if not notebooks:
