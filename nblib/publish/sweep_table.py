@@ -97,7 +97,7 @@ def figure(df, grid):
     notebooks = [n for n in grid.notebooks if (have["notebook"] == n).any()] or list(grid.notebooks[:1])
     fig, axes = plt.subplots(1, len(notebooks), figsize=(6 * len(notebooks), 4.2), squeeze=False)
     xs = [str(_shown(v)) for v in grid.values[grid.keys.index(grid.x)]]
-    others = [k for k in grid.keys if k != grid.x]
+    others = [k for k, v in zip(grid.keys, grid.values) if k != grid.x and len(v) > 1]  # constants: no series
     failed = int((df.drop_duplicates(["point", "notebook"])["status"] != "ok").sum())
     for ax, n in zip(axes[0], notebooks):
         sel = have[have["notebook"] == n]
