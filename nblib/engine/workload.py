@@ -165,7 +165,10 @@ def run_sessions(runner, w: WorkloadConfig, instruments=()):
         scale = ref_out.float().abs().amax(1).clamp(min=1.0)
         bad |= (out.float() - ref_out.float()).abs().amax(1) > w.out_tol * scale
         pending.append(bad.to(torch.uint8))
-        steps.append(dict(bs=len(batch), bucket=bucket, sessions=[s.sid for s in batch]))
+        # the step's contexts: the indexer's work, so the side branch's length (the race's window)
+        steps.append(
+            dict(bs=len(batch), bucket=bucket, sessions=[s.sid for s in batch], ctx_sum=sum(lens), ctx_max=max(lens))
+        )
         for s in batch:
             s.left -= 1
             if s.left == 0:
