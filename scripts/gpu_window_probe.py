@@ -79,7 +79,7 @@ def main():
     prof = yaml.safe_load(open("params/gpu.yaml"))
     base = dict(
         prof["model"],
-        num_pages=max(prof["model"]["num_pages"], 1 + max(a.buckets) * max(a.ctxs) // PAGE + 64),
+        num_pages=max(prof["model"]["num_pages"], 1 + max(a.buckets) * max(a.ctxs) // PAGE + 64, 30000),
     )
     wl = json.loads(a.workload)
     res = dict(
