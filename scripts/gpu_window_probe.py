@@ -68,6 +68,10 @@ def main():
     ap.add_argument("--ctxs", type=int, nargs="+", default=[2048, 8192, 24576])
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument(
+        "--run-buckets", type=int, nargs="+", help="buckets to run the workload in (default: all)"
+    )
+    ap.add_argument("--no-branch", action="store_true", help="skip the branch-alone timings")
+    ap.add_argument(
         "--workload",
         default='{"sessions": 40, "rounds": 3, "ctx_min": 2048, "ctx_max": 24576, '
         '"turn_ctx": 4096, "out_min": 16, "out_max": 48, "think_min": 1, "think_max": 8}',
@@ -90,7 +94,7 @@ def main():
         r = res["trunks"][trunk] = dict(branch={}, step={}, runs={}, aliases=[])
         for ov in ("on", "off"):
             m = DecodeModel(ModelConfig(**base, trunk_layers=trunk, overlap=ov), dev)
-            if ov == "on":
+            if ov == "on" and not a.no_branch:
                 for b in a.buckets:
                     for ctx in a.ctxs:
                         tok, table, lens, stores = batch(m, b, ctx)
@@ -130,7 +134,7 @@ def main():
                         ts.append(e0.elapsed_time(e1))
                     r["step"].setdefault(f"{b}/{ctx}", {})[ov] = statistics.median(ts[3:])
             if ov == "on":
-                for b in a.buckets:
+                for b in a.run_buckets or a.buckets:
                     w = WorkloadConfig(**{**wl, "concurrency": b})
                     res_b = run_sessions(runner, w)
                     steps = [
