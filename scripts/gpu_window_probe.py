@@ -63,7 +63,7 @@ def graph_ms(fn, reps):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
-    ap.add_argument("--trunks", type=int, nargs="+", default=[8, 16, 24, 32])
+    ap.add_argument("--trunks", nargs="+", default=["8", "16", "24"], help="LAYERS or LAYERS:WIDTH")
     ap.add_argument("--buckets", type=int, nargs="+", default=[1, 2, 8, 32, 64])
     ap.add_argument("--ctxs", type=int, nargs="+", default=[2048, 8192, 24576])
     ap.add_argument("--reps", type=int, default=30)
@@ -93,7 +93,9 @@ def main():
         t0 = time.time()
         r = res["trunks"][trunk] = dict(branch={}, step={}, runs={}, aliases=[])
         for ov in ("on", "off"):
-            m = DecodeModel(ModelConfig(**base, trunk_layers=trunk, overlap=ov), dev)
+            layers, _, width = str(trunk).partition(":")
+            shape = dict(trunk_layers=int(layers), trunk_width=int(width or base.get("trunk_width", 2048)))
+            m = DecodeModel(ModelConfig(**base, **shape, overlap=ov), dev)
             if ov == "on" and not a.no_branch:
                 for b in a.buckets:
                     for ctx in a.ctxs:
