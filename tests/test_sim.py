@@ -174,7 +174,7 @@ def test_a_captured_trace_replays_to_the_same_sharing():
         del y
         w = x.exp()
         dev.current_stream().wait_stream(side)
-        out = z + w
+        _out = z + w
         del z, w
     pairs = replay_trace([e for e in dev.allocator.log if e["pool"] == g.pool()])
     assert _same_sharing(pairs)
@@ -190,7 +190,8 @@ GPU_TRACES = sorted(glob.glob(os.path.join(os.path.dirname(__file__), "data", "a
 )
 @pytest.mark.parametrize("path", GPU_TRACES)
 def test_recorded_cuda_trace_replays_to_the_same_sharing(path):
-    events = json.load(open(path))["events"]
+    with open(path) as f:
+        events = json.load(f)["events"]
     assert _same_sharing(replay_trace(events))
 
 
@@ -262,9 +263,12 @@ def test_streams_must_join_and_be_joined():
     dev = SimDevice()
     side = dev.Stream()
     x = torch.ones(8)
-    with pytest.raises(SimCaptureError, match="not part of the capture"), dev.graph(dev.CUDAGraph()):
-        with dev.stream(side):
-            x * 2
+    with (
+        pytest.raises(SimCaptureError, match="not part of the capture"),
+        dev.graph(dev.CUDAGraph()),
+        dev.stream(side),
+    ):
+        x * 2
     with pytest.raises(SimCaptureError, match="not joined"), dev.graph(dev.CUDAGraph()):
         side.wait_stream(dev.current_stream())
         with dev.stream(side):
@@ -367,7 +371,7 @@ def test_timeline_overlaps_concurrent_branches():
             a = x * 2
         b = x * 3
         dev.current_stream().wait_stream(side)
-        c = a + b
+        _c = a + b
     g.replay()
     starts, ends = g.last_schedule
     assert starts[0] == starts[1] == 0.0 and starts[2] == max(ends[0], ends[1])
@@ -443,7 +447,8 @@ def _overlaps(spans):
 @pytest.mark.skipif(not GPU_TRACES, reason="no recorded CUDA allocator trace in tests/data")
 @pytest.mark.parametrize("path", GPU_TRACES)
 def test_recorded_cuda_trace_same_overlapping_pairs_and_the_cross_stream_alias(path):
-    trace = json.load(open(path))
+    with open(path) as f:
+        trace = json.load(f)
     # torch.cuda.graph's own 8-byte RNG-state tensors are made before capture begins, in the
     # default pool, not the graph's: keep what the decode step itself allocated
     events, outside = [], set()

@@ -1,8 +1,8 @@
 """The capture audit: name every cross-stream race in a capture, from the capture alone.
 
-    report = nblib.instruments.audit.audit_capture(fn, *args, device=dev)     # captures fn(*args) and audits it
-    with nblib.instruments.audit.recording(dev) as rec:                         # or around code that captures
-        runner.capture(record=rec)                                  # (rec(bucket) labels captures)
+    report = audit.audit_capture(fn, *args, device=dev)     # captures fn(*args) and audits it
+    with audit.recording(dev) as rec:                         # or around code that captures
+        runner.capture(record=rec)                            # (rec(bucket) labels captures)
     report = rec.report(names=model.captures)
     report.ok, report.hazards, print(report), report.rows()
 
@@ -22,9 +22,10 @@ import os
 import time
 import traceback
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from nblib.instruments import trace as T
-from nblib.instruments.trace import recording, site  # noqa: F401  (part of this module's API)
+from nblib.instruments.trace import site  # noqa: F401  (part of this module's API)
 
 KINDS = ("read-after-write", "write-after-read", "write-after-write")
 
@@ -43,17 +44,16 @@ def happens_before(tr):
     clock at the op: the last tick of every stream known to happen before it)."""
     clocks, events = {}, {}
     for e in tr.events:
-        kind = e[0]
-        if kind == "op":
-            op = e[1]
+        if e.kind == "op":
+            op = e.op
             c = clocks.setdefault(op.stream, {})
             c[op.stream] = c.get(op.stream, 0) + 1
             op.epoch, op.vc = c[op.stream], dict(c)
-        elif kind == "record":
-            events[e[2]] = dict(clocks.get(e[1], {}))
-        elif kind == "wait":
-            c = clocks.setdefault(e[1], {})
-            for s, t in events.get(e[2], {}).items():  # an event never recorded: waits for nothing
+        elif e.kind == "record":
+            events[e.clock] = dict(clocks.get(e.stream, {}))
+        elif e.kind == "wait":
+            c = clocks.setdefault(e.stream, {})
+            for s, t in events.get(e.clock, {}).items():  # an event never recorded: waits for nothing
                 if t > c.get(s, 0):
                     c[s] = t
     return tr
@@ -176,32 +176,39 @@ def _kind(first, second):
     return "read-after-write" if first.writes else "write-after-read"
 
 
+class _Span(NamedTuple):
+    """One access as a byte interval, for the sweep over addresses."""
+
+    lo: int
+    hi: int
+    op: T.Op
+    access: T.Access
+
+
 def races(tr):
     """Every racing access pair of one trace, merged per (op pair, allocation pair, kind)."""
     happens_before(tr)
-    acc = sorted(
-        ((a.addr, a.addr + a.nbytes, op, a) for op in tr.ops for a in op.accesses), key=lambda x: x[0]
+    spans = sorted(
+        (_Span(a.addr, a.addr + a.nbytes, op, a) for op in tr.ops for a in op.accesses), key=lambda x: x.lo
     )
     found, active = {}, []
-    for item in acc:
-        lo = item[0]
-        active = [x for x in active if x[1] > lo]
+    for y in spans:
+        active = [x for x in active if x.hi > y.lo]
         for x in active:
-            (xa, xb, xop, xacc), (_, yb, yop, yacc) = x, item
-            if xop is yop or xop.stream == yop.stream or not (xacc.writes or yacc.writes):
+            if x.op is y.op or x.op.stream == y.op.stream or not (x.access.writes or y.access.writes):
                 continue
-            (f, fa), (s, sa) = sorted(((xop, xacc), (yop, yacc)), key=lambda p: p[0].index)
-            if ordered(f, s):
+            f, s = sorted((x, y), key=lambda p: p.op.index)
+            if ordered(f.op, s.op):
                 continue
-            kind = _kind(fa, sa)
-            key = (f.index, s.index, id(fa.alloc), id(sa.alloc), kind)
-            olo, ohi = max(xa, lo), min(xb, yb)
+            kind = _kind(f.access, s.access)
+            key = (f.op.index, s.op.index, id(f.access.alloc), id(s.access.alloc), kind)
+            olo, ohi = max(x.lo, y.lo), min(x.hi, y.hi)
             h = found.get(key)
             if h is None:
-                found[key] = Hazard(kind, tr.label, f, s, fa, sa, olo, ohi)
+                found[key] = Hazard(kind, tr.label, f.op, s.op, f.access, s.access, olo, ohi)
             else:
                 h.lo, h.hi, h.count = min(h.lo, olo), max(h.hi, ohi), h.count + 1
-        active.append(item)
+        active.append(y)
     return sorted(found.values(), key=lambda h: (h.first.index, h.second.index, h.lo))
 
 
@@ -304,6 +311,11 @@ def name_allocations(traces, names):
                     a.name = n["tensor"]
 
 
+def recording(dev):
+    """`with recording(dev) as rec:` records every capture made inside; rec.report() audits them."""
+    return T.recording(dev, analyse=audit)
+
+
 def audit(traces, names=None):
     """Audit recorded captures (nblib.instruments.trace.CaptureTrace list); incomplete ones are skipped."""
     t0 = time.perf_counter()
@@ -311,7 +323,17 @@ def audit(traces, names=None):
     if names:
         name_allocations(done, names)
     hazards = [h for t in done for h in races(t)]
-    return Report(done, hazards, time.perf_counter() - t0, incomplete=len(traces) - len(done))
+    notes = [
+        f"{t.title()}: {op.name} on stream {op.stream} at {T.site(op.stack)} is a raw Triton launch that "
+        "declares no tensors, so its accesses were not audited (wrap it in a torch.library custom op "
+        "with mutates_args, or give the kernel a launch_metadata that returns its tensors)"
+        for t in done
+        for op in t.ops
+        if op.opaque
+    ]
+    rep = Report(done, hazards, time.perf_counter() - t0, incomplete=len(traces) - len(done))
+    rep.notes.extend(notes)
+    return rep
 
 
 def audit_capture(fn, *args, device, pool=None, names=None, label=None, **kwargs):
@@ -338,7 +360,7 @@ def audit_capture(fn, *args, device, pool=None, names=None, label=None, **kwargs
 def _failure(fn, e):
     name = getattr(fn, "__qualname__", None) or repr(fn)
     where = ""
-    frames = [f for f in traceback.extract_tb(e.__traceback__) if not T._skip(f.filename)]
+    frames = [f for f in traceback.extract_tb(e.__traceback__) if not T.skip(f.filename)]
     if frames:
         f = frames[-1]
         where = f" at {os.path.basename(f.filename)}:{f.lineno} in {f.name}"

@@ -48,6 +48,7 @@ def sanitize(model, buckets, index_dtype="bf16", overlap="on", logits_policy="tr
         timeout=timeout,
         cwd=root,
         env=env,
+        check=False,  # a failed child is reported below, with its stderr
     )
     lines = [x for x in p.stdout.splitlines() if x.startswith("{")]
     if not lines:

@@ -1,0 +1,146 @@
+"""Graphs and replay: SimGraph has torch.cuda.CUDAGraph's surface (capture_begin, capture_end,
+replay, reset, pool) and dev.graph(...) is torch.cuda.graph. Replay runs the captured nodes in
+simulated-time order: each node reads its inputs at its start and writes its outputs at its end, so
+two unordered nodes on different streams interleave as the seeded timing model says."""
+
+import gc
+
+import numpy as np
+
+from nblib.backends.sim.capture import Capture, CaptureMode
+from nblib.backends.sim.rules import SimCaptureError
+from nblib.backends.sim.timing import schedule
+
+
+class SimGraph:
+    """torch.cuda.CUDAGraph's surface: capture_begin/capture_end (or dev.graph), replay, reset, pool.
+    After capture: nodes (Node list), syncs (Sync list), pool_id; after each replay,
+    last_schedule (a timing.Schedule: starts, ends in simulated seconds)."""
+
+    def __init__(self, dev):
+        self.dev = dev
+        self.nodes, self.syncs, self.pool_id = [], [], None
+        self._ready = False
+        self.last_schedule = None
+
+    def pool(self):
+        return self.pool_id
+
+    def capture_begin(self, pool=None, capture_error_mode="global"):
+        dev = self.dev
+        if dev._cap is not None:
+            raise SimCaptureError("a capture is already underway")
+        self.pool_id = pool if pool is not None else dev.graph_pool_handle()
+        cap = Capture(dev, self, dev._cur, self.pool_id)
+        dev._cap = cap
+        dev.allocator.begin_capture(self.pool_id)
+        self._mode = CaptureMode(cap)
+        self._mode.__enter__()
+
+    def capture_end(self):
+        cap = self._finish()
+        end = cap.frontier[cap.stream]
+        seen, todo = set(), list(end)
+        while todo:
+            i = todo.pop()
+            if i not in seen:
+                seen.add(i)
+                todo.extend(cap.nodes[i].deps)
+        for s, fr in cap.frontier.items():
+            if any(i not in seen for i in fr):
+                raise SimCaptureError(
+                    f"capture ended with work on {s.name} not joined into the capturing stream "
+                    f"(cudaErrorStreamCaptureUnjoined): call capture_stream.wait_stream({s.name})"
+                )
+        self.nodes, self.syncs = cap.nodes, cap.syncs
+        n = len(self.nodes)
+        self._deps = [nd.deps for nd in self.nodes]
+        self._serial = all((i - 1) in self._deps[i] for i in range(1, n))
+        self._run = [nd.run for nd in self.nodes]
+        self._nbytes = np.array([nd.nbytes for nd in self.nodes], dtype=np.float64)
+        self._ready = True
+
+    def _finish(self):
+        dev = self.dev
+        cap = dev._cap
+        if cap is None or cap.graph is not self:
+            raise SimCaptureError("capture_end without a matching capture_begin")
+        try:
+            self._mode.__exit__(None, None, None)
+        finally:
+            self._mode = None
+            dev._cap = None
+            dev.allocator.end_capture()
+        return cap
+
+    def _abort(self):
+        if self.dev._cap is not None and self.dev._cap.graph is self:
+            self._finish()
+        self.nodes, self._ready = [], False
+
+    def reset(self):
+        self.nodes, self.syncs, self._ready = [], [], False
+
+    def replay(self):
+        if not self._ready:
+            raise RuntimeError("replay of a graph that was not captured successfully")
+        n = len(self.nodes)
+        if n == 0:
+            return
+        if self._serial:  # one stream: the timing model cannot reorder anything
+            for f in self._run:
+                f()
+            return
+        dur = self.dev.timing.durations(self._nbytes, self.dev._rng).tolist()
+        sched = schedule(self._deps, dur)
+        events = [(s, 1, i) for i, s in enumerate(sched.starts)]
+        events += [(e, 0, i) for i, e in enumerate(sched.ends)]
+        events.sort()  # at equal times, ends before starts
+        nodes, pending = self.nodes, {}
+        j, m = 0, len(events)
+        while j < m:
+            _, kind, i = events[j]
+            if kind == 1:
+                nxt = events[j + 1] if j + 1 < m else None
+                if nxt is not None and nxt[2] == i:  # nothing happens in between: run at once
+                    nodes[i].run()
+                    j += 2
+                    continue
+                pending[i] = nodes[i].read()
+            else:
+                nodes[i].write(pending.pop(i))
+            j += 1
+        self.last_schedule = sched
+
+
+class GraphCtx:
+    """dev.graph(g, pool, stream): like torch.cuda.graph, capture on a side stream (shared by all
+    captures unless `stream` is given); on error, nothing is left half-finished."""
+
+    def __init__(self, dev, g, pool=None, stream=None, capture_error_mode="global"):
+        self.dev, self.g, self.pool = dev, g, pool
+        self.stream = stream if stream is not None else dev._capture_stream()
+
+    def __enter__(self):
+        if self.dev.gc_before_capture:  # torch.cuda.graph collects garbage here (~80 ms)
+            gc.collect()
+        self.prev = self.dev._cur
+        self.dev._cur = self.stream
+        try:
+            self.g.capture_begin(pool=self.pool)
+        except BaseException:
+            self.dev._cur = self.prev
+            raise
+
+    def __exit__(self, et, ev, tb):
+        try:
+            if et is None:
+                self.g.capture_end()
+            else:
+                self.g._abort()
+        except BaseException:
+            self.g._abort()
+            raise
+        finally:
+            self.dev._cur = self.prev
+        return False
