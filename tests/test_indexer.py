@@ -47,6 +47,7 @@ if not _int_of_size1_array_works():
     _interp._patch_lang_tensor = _patch_lang_tensor
 
 from kernels import indexer as ix  # noqa: E402
+from kernels import logits as lg  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -55,10 +56,10 @@ def _interpreted_kernel(monkeypatch):
     imported before TRITON_INTERPRET was set (e.g. by a conftest): swap in
     interpreted versions of the kernel and of triton.language's @jit helpers
     (tl.sum, ...); the launcher looks the kernel up at call time."""
-    kernel = ix._indexer_logits_kernel
+    kernel = lg._indexer_logits_kernel
     if isinstance(kernel, _interp.InterpretedFunction):
         return
-    monkeypatch.setattr(ix, "_indexer_logits_kernel", _interp.InterpretedFunction(kernel.fn))
+    monkeypatch.setattr(lg, "_indexer_logits_kernel", _interp.InterpretedFunction(kernel.fn))
     for name, fn in vars(tl).items():
         if isinstance(fn, JITFunction):
             monkeypatch.setattr(tl, name, _interp.InterpretedFunction(fn.fn))
@@ -237,7 +238,7 @@ def _compile_sm90(is_fp8, cfg, dim=128, heads=64):
     names = list(sig)
     aligned = list(ptrs) + ["max_len", "stride_qb", "stride_qh", "stride_wb", "stride_ptb", "stride_ob"]
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned}
-    fn = JITFunction(ix._indexer_logits_kernel.fn)
+    fn = JITFunction(lg._indexer_logits_kernel.fn)
     src = ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)
     opts = dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
