@@ -3,11 +3,13 @@ record of what produced them (commit, device, versions), written atomically."""
 
 import json
 import os
+import subprocess
 import tempfile
 
 import torch
 import triton
 
+from nblib.core.paths import ROOT
 from nblib.core.results import commit
 
 
@@ -24,10 +26,25 @@ def copy_row(nbytes=2 << 30, device="cuda"):
     return dict(name="copy", us=us, bytes=2 * nbytes, gbps=2 * nbytes / us * 1e-3)
 
 
+def project_commit():
+    """This project's commit: NBLIB_COMMIT when set, else git's, but only when git's work tree is
+    this project (a copy inside some other repository would report that repository's commit);
+    "unknown" otherwise, never a wrong commit."""
+    given = os.environ.get("NBLIB_COMMIT", "")
+    if given and given != "unknown":
+        return given
+    top = subprocess.run(
+        ["git", "rev-parse", "--show-toplevel"], cwd=ROOT, capture_output=True, text=True, check=False
+    ).stdout.strip()
+    if not top or os.path.realpath(top) != os.path.realpath(ROOT):
+        return "unknown"
+    return commit() or "unknown"  # git's HEAD (+dirty); "" when NBLIB_COMMIT is set but empty
+
+
 def meta(**extra):
-    """Commit (NBLIB_COMMIT wins; "unknown" when it cannot be known), device and versions."""
+    """Commit (project_commit), device and versions: what produced a table."""
     return dict(
-        commit=commit(),
+        commit=project_commit(),
         device=torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
         torch=torch.__version__,
         triton=triton.__version__,

@@ -23,11 +23,15 @@ sweep in kernels.sweep.
 Run `python -m kernels --check` or `--bench [--out DIR]` on a GPU.
 """
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
 
+from kernels import args as A
 from kernels.harness import copy_row, median_us
+from kernels.launch import Launch, arch_of, run
 from kernels.paged import (
     FP8_MAX,
     MAX_HEADS,
@@ -170,136 +174,180 @@ def _indexer_logits_kernel(
 # 3. Launchers
 # ---------------------------------------------------------------------------
 
-# First guesses for H200 (sm_90), not yet timed; `python -m kernels.indexer --sweep`
-# times alternatives. The page-id load -> K load chain costs the pipeliner stages:
-# num_stages <= 4 leaves 2 K buffers and a full wait each iteration (no copy/compute
-# overlap inside a CTA); 7 gives 4 buffers with two tiles in flight behind the dot.
-# bf16: 16 KiB tiles, 83 KB smem -> 2 CTAs/SM. fp8: 128 entries (two pages) = 16 KiB.
-BF16_CONFIG = dict(block_t=64, tiles_per_prog=16, num_warps=4, num_stages=7)
-# fp8, measured on the H200 (outputs/probe, --sweep): 4 tiles per program with 3 stages ran in
-# 90.8 us against 100 us for 8 tiles with 7 stages; more programs in flight beat deeper pipelines.
-FP8_CONFIG = dict(block_t=128, tiles_per_prog=4, num_warps=4, num_stages=3)
-# Below this many programs, split requests finer (small batch / short context);
-# a config may override it with "min_programs".
-MIN_PROGRAMS = 1024
+
+class LogitsConfig(NamedTuple):
+    block_t: int  # entries per tile, a multiple of PAGE
+    tiles_per_prog: int  # tiles one program walks (at most; fewer when the batch is small)
+    num_warps: int
+    num_stages: int
+    min_programs: int = 1024  # below this many programs, split the context finer
+
+
+# Launch configs by (cache dtype, compute capability major). The sm_90 entries ran on the H200:
+# outputs/bench/bench.md (bf16 153 us, fp8 91.6 us at B 32, L 65536, H 64, D 128).
+# Pipelining: the page-id load feeds the K load's address, so that chain costs the pipeliner
+# stages. num_stages <= 4 leaves every async_wait at num=0 (the copy is async, but each tile
+# waits for its own: latency is hidden by other CTAs on the SM, not inside one); 7 keeps two
+# tiles in flight behind the dot. bf16: 64-entry tiles, 7 stages, 83 KB smem -> 2 CTAs/SM.
+# fp8: 128-entry tiles (two pages, 16 KiB), 3 stages, 42 KB smem -> 5 CTAs/SM.
+# The sm_100 entries are the same configs, kept because they compile for sm_100a with
+# tcgen05.mma, no spills and the same shared memory (tests/test_kernel_compile.py): compiled,
+# never run (no Blackwell GPU here).
+CONFIGS = {
+    ("bf16", 9): LogitsConfig(block_t=64, tiles_per_prog=16, num_warps=4, num_stages=7),
+    ("fp8", 9): LogitsConfig(block_t=128, tiles_per_prog=4, num_warps=4, num_stages=3),
+    ("bf16", 10): LogitsConfig(block_t=64, tiles_per_prog=16, num_warps=4, num_stages=7),
+    ("fp8", 10): LogitsConfig(block_t=128, tiles_per_prog=4, num_warps=4, num_stages=3),
+}
+BF16_CONFIG = CONFIGS["bf16", 9]._asdict()  # the H200's, as the benchmark records them
+FP8_CONFIG = CONFIGS["fp8", 9]._asdict()
 
 _BF16_KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)  # fp16/fp32: test path
 
 
+def config_for(kind, arch):
+    """The launch config for cache dtype kind ("bf16" | "fp8") on compute capability arch; archs
+    without an entry (sm_80, sm_120) use the nearest lower major that has one, else sm_90's."""
+    majors = sorted({m for k, m in CONFIGS if k == kind and m <= arch // 10}) or [9]
+    return CONFIGS[kind, majors[-1]]
+
+
 def _check_common(q, w, page_table, seq_lens, out):
-    if q.dim() != 3:
-        raise ValueError(f"q must be [bs, H, D], got shape {tuple(q.shape)}")
+    A.tensor("q", q, ndim=3, last_contiguous=True)
     bs, h, d = q.shape
-    if d not in SUPPORTED_DIMS:
-        raise ValueError(f"head dim D={d} not supported; expected one of {SUPPORTED_DIMS}")
-    if not 1 <= h <= MAX_HEADS:
-        raise ValueError(f"heads H={h} must be in [1, {MAX_HEADS}]")
-    if q.stride(2) != 1:
-        raise ValueError("q must be contiguous in its last dim")
-    if w.shape != (bs, h) or w.dtype != torch.float32:
-        raise ValueError(f"w must be float32 [{bs}, {h}], got {w.dtype} {tuple(w.shape)}")
-    if page_table.dim() != 2 or page_table.shape[0] != bs or page_table.dtype != torch.int32:
-        raise ValueError(
-            f"page_table must be int32 [{bs}, max_pages], got {page_table.dtype} {tuple(page_table.shape)}"
-        )
-    if seq_lens.shape != (bs,) or seq_lens.dtype != torch.int32:
-        raise ValueError(f"seq_lens must be int32 [{bs}], got {seq_lens.dtype} {tuple(seq_lens.shape)}")
-    if out.dim() != 2 or out.shape[0] != bs or out.dtype != torch.float32:
-        raise ValueError(f"out must be float32 [{bs}, max_len], got {out.dtype} {tuple(out.shape)}")
-    max_len = out.shape[1]
-    if max_len % PAGE != 0 or max_len > page_table.shape[1] * PAGE:
-        raise ValueError(
-            f"out width max_len={max_len} must be a multiple of {PAGE} and <= max_pages*{PAGE}="
-            f"{page_table.shape[1] * PAGE}"
-        )
-    for name, x in (("w", w), ("page_table", page_table), ("out", out)):
-        if x.stride(1) != 1:
-            raise ValueError(f"{name} must be contiguous in its last dim")
-    devices = {x.device for x in (q, w, page_table, seq_lens, out)}
-    if len(devices) != 1:
-        raise ValueError(f"all tensors must be on one device, got {sorted(map(str, devices))}")
+    A.need(d in SUPPORTED_DIMS, f"q's head dim D={d} is not supported; use one of {SUPPORTED_DIMS}")
+    A.need(1 <= h <= MAX_HEADS, f"q's heads H={h} must be in [1, {MAX_HEADS}]")
+    A.tensor("w", w, torch.float32, shape=(bs, h), last_contiguous=True)
+    A.tensor("page_table", page_table, torch.int32, shape=(bs, None), last_contiguous=True)
+    A.tensor("seq_lens", seq_lens, torch.int32, shape=(bs,), contiguous=True)
+    A.tensor("out", out, torch.float32, shape=(bs, None), last_contiguous=True)
+    max_len, max_pages = out.shape[1], page_table.shape[1]
+    A.need(
+        max_len % PAGE == 0 and max_len <= max_pages * PAGE,
+        f"out's width max_len={max_len} must be a multiple of {PAGE} and <= page_table's "
+        f"max_pages*{PAGE}={max_pages * PAGE}",
+    )
+    A.same_device(q=q, w=w, page_table=page_table, seq_lens=seq_lens, out=out)
 
 
 def _check_bf16_args(q, w, kcache, page_table, seq_lens, out):
     _check_common(q, w, page_table, seq_lens, out)
-    d = q.shape[2]
-    if q.dtype not in _BF16_KERNEL_DTYPES or kcache.dtype != q.dtype:
-        raise ValueError(
-            f"q and kcache must share a dtype in {_BF16_KERNEL_DTYPES}, got {q.dtype} / {kcache.dtype}"
-        )
-    if kcache.dim() != 3 or kcache.shape[1:] != (PAGE, d) or not kcache.is_contiguous():
-        raise ValueError(f"kcache must be contiguous [num_pages, {PAGE}, {d}], got {tuple(kcache.shape)}")
-    if kcache.device != q.device:
-        raise ValueError(f"kcache on {kcache.device}, q on {q.device}")
+    A.tensor("q", q, _BF16_KERNEL_DTYPES)
+    A.tensor("kcache", kcache, q.dtype, shape=(None, PAGE, q.shape[2]), contiguous=True)
+    A.same_device(q=q, kcache=kcache)
 
 
 def _check_fp8_args(q, w, pages, page_table, seq_lens, out):
     _check_common(q, w, page_table, seq_lens, out)
-    d = q.shape[2]
-    if q.dtype != torch.float8_e4m3fn:
-        raise ValueError(f"q must be float8_e4m3fn for the fp8 path, got {q.dtype}")
-    if pages.dtype != torch.uint8 or pages.dim() != 2 or pages.shape[1] != fp8_page_bytes(d):
-        raise ValueError(
-            f"pages must be uint8 [num_pages, {fp8_page_bytes(d)}], got {pages.dtype} {tuple(pages.shape)}"
-        )
-    if not pages.is_contiguous():
-        raise ValueError("pages must be contiguous")
-    if pages.device != q.device:
-        raise ValueError(f"pages on {pages.device}, q on {q.device}")
+    A.tensor("q", q, torch.float8_e4m3fn)
+    A.tensor("pages", pages, torch.uint8, shape=(None, fp8_page_bytes(q.shape[2])), contiguous=True)
+    A.same_device(q=q, pages=pages)
 
 
-def _launch(q, w, k, scales, page_table, seq_lens, out, cfg, is_fp8):
+def plan(q, w, k, scales, page_table, seq_lens, out, cfg, is_fp8):
+    """The launch for these (already checked) arguments and config."""
     bs, h, d = q.shape
     max_len = out.shape[1]
-    block_t = cfg["block_t"]
-    n_tiles = triton.cdiv(max_len, block_t)
-    tiles = max(1, min(cfg["tiles_per_prog"], n_tiles))
-    while tiles > 1 and bs * triton.cdiv(n_tiles, tiles) < cfg.get("min_programs", MIN_PROGRAMS):
+    n_tiles = triton.cdiv(max_len, cfg.block_t)
+    tiles = max(1, min(cfg.tiles_per_prog, n_tiles))
+    while tiles > 1 and bs * triton.cdiv(n_tiles, tiles) < cfg.min_programs:
         tiles //= 2  # more programs in flight beats fewer q reloads
-    grid = (bs, triton.cdiv(n_tiles, tiles))
-    _indexer_logits_kernel[grid](
-        q,
-        w,
-        k,
-        scales,
-        page_table,
-        seq_lens,
-        out,
-        h,
-        max_len,
-        tiles,
-        q.stride(0),
-        q.stride(1),
-        w.stride(0),
-        page_table.stride(0),
-        out.stride(0),
+    args = dict(
+        q_ptr=q,
+        w_ptr=w,
+        k_ptr=k,
+        scale_ptr=scales,
+        pt_ptr=page_table,
+        seq_lens_ptr=seq_lens,
+        out_ptr=out,
+        H=h,
+        max_len=max_len,
+        tiles_per_prog=tiles,
+        stride_qb=q.stride(0),
+        stride_qh=q.stride(1),
+        stride_wb=w.stride(0),
+        stride_ptb=page_table.stride(0),
+        stride_ob=out.stride(0),
         D=d,
         BLOCK_H=max(16, triton.next_power_of_2(h)),  # tl.dot needs >= 16
-        BLOCK_T=block_t,
+        BLOCK_T=cfg.block_t,
         IS_FP8=is_fp8,
         FP32_IEEE=q.dtype == torch.float32,
-        num_warps=cfg["num_warps"],
-        num_stages=cfg["num_stages"],
     )
+    grid = (bs, triton.cdiv(n_tiles, tiles))
+    return Launch(
+        _indexer_logits_kernel, grid, args, dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    )
+
+
+def _config(config, kind, device, arch):
+    """config as given (a LogitsConfig or its dict), else the entry for arch (default: device's)."""
+    if config is None:
+        return config_for(kind, arch_of(device) if arch is None else arch)
+    if isinstance(config, LogitsConfig):
+        return config
+    try:
+        return LogitsConfig(**config)
+    except TypeError as e:
+        raise ValueError(f"config must give {', '.join(LogitsConfig._fields)}, got {config}: {e}") from None
+
+
+def plan_bf16(q, w, kcache, page_table, seq_lens, out, config=None, arch=None):
+    _check_bf16_args(q, w, kcache, page_table, seq_lens, out)
+    cfg = _config(config, "bf16", q.device, arch)
+    return plan(q, w, kcache, kcache, page_table, seq_lens, out, cfg, is_fp8=False)
+
+
+def plan_fp8(q, w, pages, page_table, seq_lens, out, config=None, arch=None):
+    _check_fp8_args(q, w, pages, page_table, seq_lens, out)
+    cfg = _config(config, "fp8", q.device, arch)
+    # two dtype views of one buffer (views allocate no memory): e4m3 values, float32 scales
+    values, scales = pages.view(torch.float8_e4m3fn), pages.view(torch.float32)
+    return plan(q, w, values, scales, page_table, seq_lens, out, cfg, is_fp8=True)
 
 
 def indexer_logits_bf16_(q, w, kcache, page_table, seq_lens, out, *, config=None):
     """Triton: out[bs, max_len] = logits over a bf16 cache. Allocates nothing.
 
     q/kcache may also be float16/float32 (same dtype): a test path, because the
-    Triton interpreter mis-computes tl.dot on bf16 operands. config overrides
-    BF16_CONFIG (block_t, tiles_per_prog, num_warps, num_stages, min_programs).
+    Triton interpreter mis-computes tl.dot on bf16 operands. config (a LogitsConfig or its dict)
+    overrides the per-architecture CONFIGS entry.
     """
-    _check_bf16_args(q, w, kcache, page_table, seq_lens, out)
-    _launch(q, w, kcache, kcache, page_table, seq_lens, out, config or BF16_CONFIG, is_fp8=False)
+    launch = plan_bf16(q, w, kcache, page_table, seq_lens, out, config)
+    A.launchable(launch.kernel, q.device)
+    if q.shape[0]:
+        run(launch)
 
 
 def indexer_logits_fp8_(q, w, pages, page_table, seq_lens, out, *, config=None):
     """Triton: out[bs, max_len] = logits over an fp8 page cache (q is e4m3). Allocates nothing."""
-    _check_fp8_args(q, w, pages, page_table, seq_lens, out)
-    # two dtype views of one buffer (views allocate no memory): e4m3 values, float32 scales
-    values, scales = pages.view(torch.float8_e4m3fn), pages.view(torch.float32)
-    _launch(q, w, values, scales, page_table, seq_lens, out, config or FP8_CONFIG, is_fp8=True)
+    launch = plan_fp8(q, w, pages, page_table, seq_lens, out, config)
+    A.launchable(launch.kernel, q.device)
+    if q.shape[0]:
+        run(launch)
+
+
+def compile_cases(arch):
+    """The launches CONFIGS gives arch at the benchmark's shape, for kernels.compile_check (CPU
+    tensors: only their dtypes and alignment reach the compiler; the cache can be tiny)."""
+    from kernels.compile_check import Case  # the compile check imports this module
+
+    bs, h, d, max_len = (BENCH_SHAPE[n] for n in ("bs", "heads", "dim", "ctx"))
+    q, w = torch.zeros(bs, h, d, dtype=torch.bfloat16), torch.zeros(bs, h)
+    pt, sl = torch.zeros(bs, max_len // PAGE, dtype=torch.int32), torch.zeros(bs, dtype=torch.int32)
+    out = torch.empty(bs, max_len)
+    kcache = torch.zeros(4, PAGE, d, dtype=torch.bfloat16)
+    pages = torch.zeros(4, fp8_page_bytes(d), dtype=torch.uint8)
+    q8 = q.to(torch.float8_e4m3fn)
+    cases = []
+    for kind, launch in (
+        ("bf16", plan_bf16(q, w, kcache, pt, sl, out, arch=arch)),
+        ("fp8", plan_fp8(q8, w, pages, pt, sl, out, arch=arch)),
+    ):
+        # the rule in the CONFIGS comment: > 4 stages overlap copies with the dot inside a CTA
+        overlap = launch.options["num_stages"] > 4
+        cases.append(Case(f"logits_{kind}", launch, tensor_core=True, tma=False, overlap=overlap))
+    return cases
 
 
 # ---------------------------------------------------------------------------

@@ -15,6 +15,8 @@ CUDA graph capture because they allocate nothing that outlives the step and neve
 
 import torch
 
+from kernels import args as A
+
 PAGE = 64  # entries per page
 DIM = 128  # index head dim
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
@@ -80,13 +82,30 @@ def dequantize_fp8_pages(pages):
     return fp8_values(pages).float() * fp8_scales(pages).unsqueeze(-1)
 
 
+_SLOT_DTYPES = (torch.int32, torch.int64)
+
+
+def _check_write(name, cache, dtype, row_shape, slots, k):
+    A.tensor(name, cache, dtype, shape=(None, *row_shape), contiguous=True)
+    A.tensor("slots", slots, _SLOT_DTYPES, ndim=1)
+    A.tensor("k", k, ndim=2)
+    A.need(k.is_floating_point(), f"k must be floating point, got {k.dtype}")
+    A.need(k.shape[0] == slots.shape[0], f"k has {k.shape[0]} rows but slots has {slots.shape[0]} entries")
+    A.same_device(**{name: cache, "slots": slots, "k": k})
+
+
 def write_entries_bf16_(kcache, slots, k):
-    """Store k [n, D] at flat slots (page * PAGE + offset). Graph-capture safe."""
+    """Store k [n, D] at flat slots (page * PAGE + offset). Graph-capture safe.
+    Slots are not range-checked here (that would sync): out of range fails in index_put_."""
+    _check_write("kcache", kcache, torch.bfloat16, (PAGE, k.shape[-1]), slots, k)
     kcache.view(-1, kcache.shape[-1])[slots.long()] = k.to(kcache.dtype)
 
 
 def write_entries_fp8_(pages, slots, k):
     """Quantize k [n, D] and store values + scales at flat slots. Graph-capture safe."""
+    A.tensor("k", k, ndim=2)
+    A.need(k.shape[1] in SUPPORTED_DIMS, f"k's head dim D={k.shape[1]} must be one of {SUPPORTED_DIMS}")
+    _check_write("pages", pages, torch.uint8, (fp8_page_bytes(k.shape[1]),), slots, k)
     vals, scale = _quantize_rows(k)
     slots = slots.long()
     page, off = slots // PAGE, slots % PAGE
