@@ -244,14 +244,19 @@ def _check_fp8_args(q, w, pages, page_table, seq_lens, out):
     A.same_device(q=q, pages=pages)
 
 
-def plan(q, w, k, scales, page_table, seq_lens, out, cfg, is_fp8):
-    """The launch for these (already checked) arguments and config."""
+def plan(q, w, k, scales, page_table, seq_lens, out, cfg, is_fp8, per_request=0):
+    """The launch for these (already checked) arguments and config. per_request > 0: exactly that
+    many programs per request, each walking its share of the row (an engine that leaves SMs to
+    the work it overlaps, as DeepGEMM's num_sms schedule does); 0: as many as fill the GPU."""
     bs, h, d = q.shape
     max_len = out.shape[1]
     n_tiles = triton.cdiv(max_len, cfg.block_t)
-    tiles = max(1, min(cfg.tiles_per_prog, n_tiles))
-    while tiles > 1 and bs * triton.cdiv(n_tiles, tiles) < cfg.min_programs:
-        tiles //= 2  # more programs in flight beats fewer q reloads
+    if per_request > 0:
+        tiles = triton.cdiv(n_tiles, per_request)
+    else:
+        tiles = max(1, min(cfg.tiles_per_prog, n_tiles))
+        while tiles > 1 and bs * triton.cdiv(n_tiles, tiles) < cfg.min_programs:
+            tiles //= 2  # more programs in flight beats fewer q reloads
     args = dict(
         q_ptr=q,
         w_ptr=w,
@@ -292,36 +297,36 @@ def _config(config, kind, device, arch):
         raise ValueError(f"config must give {', '.join(LogitsConfig._fields)}, got {config}: {e}") from None
 
 
-def plan_bf16(q, w, kcache, page_table, seq_lens, out, config=None, arch=None):
+def plan_bf16(q, w, kcache, page_table, seq_lens, out, config=None, arch=None, per_request=0):
     _check_bf16_args(q, w, kcache, page_table, seq_lens, out)
     cfg = _config(config, "bf16", q.device, arch)
-    return plan(q, w, kcache, kcache, page_table, seq_lens, out, cfg, is_fp8=False)
+    return plan(q, w, kcache, kcache, page_table, seq_lens, out, cfg, is_fp8=False, per_request=per_request)
 
 
-def plan_fp8(q, w, pages, page_table, seq_lens, out, config=None, arch=None):
+def plan_fp8(q, w, pages, page_table, seq_lens, out, config=None, arch=None, per_request=0):
     _check_fp8_args(q, w, pages, page_table, seq_lens, out)
     cfg = _config(config, "fp8", q.device, arch)
     # two dtype views of one buffer (views allocate no memory): e4m3 values, float32 scales
     values, scales = pages.view(torch.float8_e4m3fn), pages.view(torch.float32)
-    return plan(q, w, values, scales, page_table, seq_lens, out, cfg, is_fp8=True)
+    return plan(q, w, values, scales, page_table, seq_lens, out, cfg, is_fp8=True, per_request=per_request)
 
 
-def indexer_logits_bf16_(q, w, kcache, page_table, seq_lens, out, *, config=None):
+def indexer_logits_bf16_(q, w, kcache, page_table, seq_lens, out, *, config=None, per_request=0):
     """Triton: out[bs, max_len] = logits over a bf16 cache. Allocates nothing.
 
     q/kcache may also be float16/float32 (same dtype): a test path, because the
     Triton interpreter mis-computes tl.dot on bf16 operands. config (a LogitsConfig or its dict)
     overrides the per-architecture CONFIGS entry.
     """
-    launch = plan_bf16(q, w, kcache, page_table, seq_lens, out, config)
+    launch = plan_bf16(q, w, kcache, page_table, seq_lens, out, config, per_request=per_request)
     A.launchable(launch.kernel, q.device)
     if q.shape[0]:
         run(launch)
 
 
-def indexer_logits_fp8_(q, w, pages, page_table, seq_lens, out, *, config=None):
+def indexer_logits_fp8_(q, w, pages, page_table, seq_lens, out, *, config=None, per_request=0):
     """Triton: out[bs, max_len] = logits over an fp8 page cache (q is e4m3). Allocates nothing."""
-    launch = plan_fp8(q, w, pages, page_table, seq_lens, out, config)
+    launch = plan_fp8(q, w, pages, page_table, seq_lens, out, config, per_request=per_request)
     A.launchable(launch.kernel, q.device)
     if q.shape[0]:
         run(launch)

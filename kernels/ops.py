@@ -26,18 +26,19 @@ def _indexer_logits_bf16_op(
     page_table: torch.Tensor,
     seq_lens: torch.Tensor,
     out: torch.Tensor,
+    per_request: int = 0,
 ) -> None:
     _check_bf16_args(q, w, kcache, page_table, seq_lens, out)
     out.copy_(ref_logits_bf16(q, w, kcache, page_table, seq_lens, out.shape[1]))
 
 
 @_indexer_logits_bf16_op.register_kernel("cuda")
-def _(q, w, kcache, page_table, seq_lens, out):
-    indexer_logits_bf16_(q, w, kcache, page_table, seq_lens, out)
+def _(q, w, kcache, page_table, seq_lens, out, per_request=0):
+    indexer_logits_bf16_(q, w, kcache, page_table, seq_lens, out, per_request=per_request)
 
 
 @_indexer_logits_bf16_op.register_fake
-def _(q, w, kcache, page_table, seq_lens, out):
+def _(q, w, kcache, page_table, seq_lens, out, per_request=0):
     return None
 
 
@@ -49,24 +50,26 @@ def _indexer_logits_fp8_op(
     page_table: torch.Tensor,
     seq_lens: torch.Tensor,
     out: torch.Tensor,
+    per_request: int = 0,
 ) -> None:
     _check_fp8_args(q, w, pages, page_table, seq_lens, out)
     out.copy_(ref_logits_fp8(q, w, pages, page_table, seq_lens, out.shape[1]))
 
 
 @_indexer_logits_fp8_op.register_kernel("cuda")
-def _(q, w, pages, page_table, seq_lens, out):
-    indexer_logits_fp8_(q, w, pages, page_table, seq_lens, out)
+def _(q, w, pages, page_table, seq_lens, out, per_request=0):
+    indexer_logits_fp8_(q, w, pages, page_table, seq_lens, out, per_request=per_request)
 
 
 @_indexer_logits_fp8_op.register_fake
-def _(q, w, pages, page_table, seq_lens, out):
+def _(q, w, pages, page_table, seq_lens, out, per_request=0):
     return None
 
 
-def indexer_logits_bf16(q, w, kcache, page_table, seq_lens, out):
-    torch.ops.csi.indexer_logits_bf16(q, w, kcache, page_table, seq_lens, out)
+def indexer_logits_bf16(q, w, kcache, page_table, seq_lens, out, per_request=0):
+    """per_request > 0: that many programs per request (kernels.logits.plan), else fill the GPU."""
+    torch.ops.csi.indexer_logits_bf16(q, w, kcache, page_table, seq_lens, out, per_request)
 
 
-def indexer_logits_fp8(q, w, pages, page_table, seq_lens, out):
-    torch.ops.csi.indexer_logits_fp8(q, w, pages, page_table, seq_lens, out)
+def indexer_logits_fp8(q, w, pages, page_table, seq_lens, out, per_request=0):
+    torch.ops.csi.indexer_logits_fp8(q, w, pages, page_table, seq_lens, out, per_request)

@@ -71,7 +71,7 @@ def main():
         "--run-buckets", type=int, nargs="+", help="buckets to run the workload in (default: all)"
     )
     ap.add_argument(
-        "--tiles", type=int, nargs="+", default=[0], help="indexer tiles per program (0: default)"
+        "--programs", type=int, nargs="+", default=[0], help="indexer programs per request (0: fill the GPU)"
     )
     ap.add_argument("--no-branch", action="store_true", help="skip the branch-alone timings")
     ap.add_argument(
@@ -92,17 +92,18 @@ def main():
     res = dict(
         device=torch.cuda.get_device_name(), torch=torch.__version__, base=base, workload=wl, trunks={}
     )
-    from kernels import indexer as kx
 
-    default_cfg = dict(kx.BF16_CONFIG)
-    for trunk, tiles in [(tr, ti) for ti in a.tiles for tr in a.trunks]:
-        kx.BF16_CONFIG = dict(default_cfg, **({"tiles_per_prog": tiles, "min_programs": 0} if tiles else {}))
-        trunk = f"{trunk}/t{tiles}"
+    for trunk, progs in [(tr, p) for p in a.programs for tr in a.trunks]:
+        trunk = f"{trunk}/p{progs}"
         t0 = time.time()
         r = res["trunks"][trunk] = dict(branch={}, step={}, runs={}, aliases=[])
         for ov in ("on", "off"):
             layers, _, width = str(trunk).split("/")[0].partition(":")
-            shape = dict(trunk_layers=int(layers), trunk_width=int(width or base.get("trunk_width", 2048)))
+            shape = dict(
+                trunk_layers=int(layers),
+                trunk_width=int(width or base.get("trunk_width", 2048)),
+                indexer_programs=progs,
+            )
             m = DecodeModel(ModelConfig(**base, **shape, overlap=ov), dev)
             if ov == "on" and not a.no_branch:
                 for b in a.buckets:

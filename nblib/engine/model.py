@@ -64,6 +64,10 @@ class ModelConfig:
     vocab: int = 4096
     trunk_layers: int = 0  # main-branch layers between the fork and the MLP (the race's lead)
     trunk_width: int = 2048
+    # indexer programs per request: 0 fills the GPU (the main branch then waits for SMs, and the
+    # race's margin no longer depends on the contexts); n > 0 leaves SMs to the overlapped main
+    # branch, so the indexer's time follows the longest context in the batch
+    indexer_programs: int = 0
     index_dtype: str = "bf16"
     overlap: str = "on"
     logits_policy: str = "transient"
@@ -193,10 +197,18 @@ class DecodeModel:
             logits = torch.empty(q.shape[0], cfg.max_ctx, dtype=torch.float32, device=self.dev.torch_device)
             self.note("indexer.logits", logits)
         if cfg.index_dtype == "bf16":
-            kx.indexer_logits_bf16(q, head_w, self.index_cache, page_table, seq_lens, logits)
+            kx.indexer_logits_bf16(
+                q, head_w, self.index_cache, page_table, seq_lens, logits, cfg.indexer_programs
+            )
         else:
             kx.indexer_logits_fp8(
-                q.to(torch.float8_e4m3fn), head_w, self.index_cache, page_table, seq_lens, logits
+                q.to(torch.float8_e4m3fn),
+                head_w,
+                self.index_cache,
+                page_table,
+                seq_lens,
+                logits,
+                cfg.indexer_programs,
             )
         return logits
 
