@@ -303,13 +303,13 @@ def test_events_order_streams():
 # ------------------------------------------------------------------------------------------------
 
 
-def race(dev, fix=None, replays=200):
+def race(dev, fix=None, replays=200, lead=2):
     """The engine's pattern in miniature. Returns (the two addresses, [side result correct?])."""
     side = dev.Stream()
     x = torch.linspace(-1, 1, N)
     g = dev.CUDAGraph()
     with dev.graph(g, pool=dev.graph_pool_handle()):
-        r, t_addr, u = reuse_race_step(dev, side, x, fix)
+        r, t_addr, u = reuse_race_step(dev, side, x, fix, lead)
         out = r * 1
     expected = x * 2 + (x + 3).exp()
     ok = []
@@ -320,9 +320,18 @@ def race(dev, fix=None, replays=200):
 
 
 def test_race_aliases_and_corrupts_intermittently():
+    # a main-stream lead as long as the side's work before its read: a tie the measured jitter decides
     (t_addr, u_addr), ok = race(SimDevice(seed=1))
     assert t_addr == u_addr  # the freed block went to the next main-stream tensor
     assert 0 < sum(ok) < len(ok), f"{sum(ok)}/{len(ok)} replays correct: expected some of each"
+
+
+@pytest.mark.parametrize("lead,expect", [(0, "never"), (4, "always")])
+def test_race_is_decided_by_the_main_streams_lead(lead, expect):
+    """A kernel reads over its whole run: the side's read of the freed bytes ends after its second
+    op. With no lead the main stream's write lands first every time; with a long one, never."""
+    _, ok = race(SimDevice(seed=1), lead=lead)
+    assert sum(ok) == (0 if expect == "never" else len(ok)), f"{sum(ok)}/{len(ok)} correct with lead {lead}"
 
 
 @pytest.mark.parametrize("fix", ["join", "side_alloc", "record_stream"])

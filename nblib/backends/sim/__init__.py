@@ -25,7 +25,7 @@ Modules, bottom to top:
              a node with its outputs allocated from the arena; nothing runs
   timing     the replay timing model: per-node durations from bytes moved and a seeded jitter
   graph      SimGraph and dev.graph: capture begin/end, and replay in simulated-time order (each
-             node reads its inputs at its start and writes its outputs at its end)
+             node computes at its end: it reads its inputs over its whole run, as a kernel does)
   facade     SimDevice, with torch.cuda's names
 
 Outside capture, torch runs as plain CPU torch in program order (eager decode never forks), and

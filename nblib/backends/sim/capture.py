@@ -1,8 +1,7 @@
 """Capture: a TorchDispatchMode that records every op as a graph node and allocates its outputs from
 the arena, running nothing. View ops run at once (they touch no memory); ops a capture forbids
 raise SimCaptureError. Each node keeps closures over shadows of its tensors so replay can run it
-later: run() at once, or read() at its start and write() at its end when the timing model
-interleaves it with another stream's node."""
+later, at its end time in the replay's schedule."""
 
 import os
 import sys
@@ -64,6 +63,7 @@ class Node:
         "run",
         "read",
         "write",
+        "cost",
     )
 
     def __repr__(self):
@@ -136,11 +136,28 @@ class Capture:
         n.stack = python_stack() if dev.record_stacks else None
         n.alloc_seq = len(dev.allocator.log)
         n.run, n.read, n.write = _make_closures(func, leaves, spec, mut_idx, out_shadows, info.n_returns)
+        n.cost = _indexer_cost(n.op, leaves)
         self.frontier[stream] = (n.index,)
         self.nodes.append(n)
         if info.n_returns == 0:
             return None
         return result[0] if info.n_returns == 1 else tuple(result)
+
+
+def _indexer_cost(op, leaves):
+    """The paged indexer's duration depends on this replay's sequence lengths, not on its
+    arguments' sizes (the cache is far larger than what one step reads): a closure the replay
+    calls with the Timing. None for every other op."""
+    if not op.startswith("csi.indexer_logits_"):
+        return None
+    q, cache, seq_lens, out = leaves[0], leaves[2], leaves[4], leaves[5]
+    per_request = leaves[6] if len(leaves) > 6 and isinstance(leaves[6], int) else 0
+    if op.startswith("csi.indexer_logits_fp8"):
+        entry_bytes = cache.shape[-1] // 64  # an fp8 page row: 64 entries of D bytes + 4 scale bytes
+    else:
+        entry_bytes = q.shape[-1] * cache.element_size()
+    out_bytes = out.numel() * out.element_size()
+    return lambda timing: timing.indexer_seconds(seq_lens.tolist(), entry_bytes, per_request, out_bytes)
 
 
 def tree_map_tensors(fn, args, kwargs):

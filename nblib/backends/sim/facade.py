@@ -26,7 +26,7 @@ class SimDevice:
         if threads is not None:
             torch.set_num_threads(threads)
         self.torch_device = torch.device("cpu")
-        self.timing = timing or Timing()
+        self.timing = timing or Timing.calibrated()
         self.arena = Arena(arena_chunk_bytes)
         self.record_stacks = True  # Python stacks on allocator events and nodes
         self.gc_before_capture = False  # torch.cuda.graph runs gc.collect() before capturing

@@ -1,7 +1,7 @@
 """Graphs and replay: SimGraph has torch.cuda.CUDAGraph's surface (capture_begin, capture_end,
 replay, reset, pool) and dev.graph(...) is torch.cuda.graph. Replay runs the captured nodes in
-simulated-time order: each node reads its inputs at its start and writes its outputs at its end, so
-two unordered nodes on different streams interleave as the seeded timing model says."""
+simulated-time order: each node computes at its end (a kernel reads its inputs over its whole run),
+so a write from another stream that lands while a reader runs corrupts it, as the timing model says."""
 
 import gc
 
@@ -58,6 +58,7 @@ class SimGraph:
         self._serial = all((i - 1) in self._deps[i] for i in range(1, n))
         self._run = [nd.run for nd in self.nodes]
         self._nbytes = np.array([nd.nbytes for nd in self.nodes], dtype=np.float64)
+        self._costs = [(i, nd.cost) for i, nd in enumerate(self.nodes) if nd.cost is not None]
         self._ready = True
 
     def _finish(self):
@@ -91,25 +92,17 @@ class SimGraph:
             for f in self._run:
                 f()
             return
-        dur = self.dev.timing.durations(self._nbytes, self.dev._rng).tolist()
+        tm = self.dev.timing
+        dur = tm.seconds(self._nbytes)
+        for i, cost in self._costs:  # data-dependent kernels: this replay's inputs decide
+            dur[i] = cost(tm)
+        dur = (dur * tm.jitter(n, self.dev._rng)).tolist()
         sched = schedule(self._deps, dur)
-        events = [(s, 1, i) for i, s in enumerate(sched.starts)]
-        events += [(e, 0, i) for i, e in enumerate(sched.ends)]
-        events.sort()  # at equal times, ends before starts
-        nodes, pending = self.nodes, {}
-        j, m = 0, len(events)
-        while j < m:
-            _, kind, i = events[j]
-            if kind == 1:
-                nxt = events[j + 1] if j + 1 < m else None
-                if nxt is not None and nxt[2] == i:  # nothing happens in between: run at once
-                    nodes[i].run()
-                    j += 2
-                    continue
-                pending[i] = nodes[i].read()
-            else:
-                nodes[i].write(pending.pop(i))
-            j += 1
+        # A kernel reads its inputs over its whole run, so its result reflects them as they stand
+        # when it finishes: each node computes at its end. A write that lands on another stream
+        # while a reader is still running corrupts what the reader returns, as on the GPU.
+        for i in sorted(range(n), key=lambda k: (sched.ends[k], k)):
+            self._run[i]()
         self.last_schedule = sched
 
 
