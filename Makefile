@@ -1,6 +1,7 @@
 # make suite   the main job: every notebook, headless, on the GPU profile with CUDA, else the simulator
 # make test    lint, then the tests (GPU-only tests are skipped without CUDA, saying so)
 # make lint    ruff check + ruff format --check (the same as .pre-commit-config.yaml)
+# make lab     JupyterLab on notebooks/ with the project's kernel (set INTERACTIVE = True for the panels)
 #
 # Which torch: TORCH (default torch==2.13.0). On a machine without a local wheel, pip's default index
 # serves the CUDA build of torch (several GB with its CUDA packages). For the CPU-only build, point
@@ -13,6 +14,7 @@ TORCH ?= torch==2.13.0
 TORCH_INDEX ?=
 TRITON ?= triton==3.6.0
 SYSTEM_SITE ?=
+LAB_ARGS ?=
 
 .venv/.stamp: pyproject.toml
 	python3 -m venv $(if $(SYSTEM_SITE),--system-site-packages) .venv
@@ -33,4 +35,9 @@ test: lint
 bench: .venv/.stamp
 	$(PY) -m kernels.indexer --bench --out outputs/bench
 
-.PHONY: suite lint test bench
+# The venv's own python3 kernel runs the notebooks: the same packages as `make suite` and `make test`.
+# Containers often run as root, which JupyterLab refuses unless told.
+lab: .venv/.stamp
+	$(PY) -m jupyterlab --ServerApp.root_dir=notebooks $(if $(filter 0,$(shell id -u)),--allow-root) $(LAB_ARGS)
+
+.PHONY: suite lint test bench lab

@@ -1,24 +1,15 @@
 """python -m nblib run [--params params/gpu.yaml] [--out outputs/gpu] [--only 00 01]
-python -m nblib cells   (rewrite each notebook's parameters cell from the profile schema)"""
+python -m nblib cells   (rewrite each notebook's parameters cell from the profile schema)
+python -m nblib sweep --params P --grid params/grids/G.yaml [--workers N | --ray auto|local|ADDRESS]
+python -m nblib publish RUN_DIR [--out RUN_DIR/site] [--check]"""
 
 import argparse
 import sys
+from pathlib import Path
 
-import nbformat
-
-from nblib.core.paths import NOTEBOOK_DIR
-from nblib.publish import params, suite
-
-
-def write_cells():
-    """Each notebook's parameters cell, rewritten from the schema (run `make lint` after)."""
-    for name in params.DECLARES:
-        path = NOTEBOOK_DIR / f"{name}.ipynb"
-        nb = nbformat.read(path, 4)
-        cell = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
-        cell.source = params.parameters_cell(name)
-        nbformat.write(nb, path)
-        print(f"{path}: parameters cell written from the schema")
+# Each command imports its own modules when it runs: papermill, nbconvert and Playwright cost
+# seconds to import, and `--help` or a bad argument should not pay for them.
+ERRORS = (ValueError, RuntimeError, FileNotFoundError)
 
 
 def main(argv=None):
@@ -30,19 +21,85 @@ def main(argv=None):
     r.add_argument("--only", nargs="*", help="notebook name prefixes, e.g. 00 01")
     r.add_argument("--timeout", type=int, default=1800, help="seconds per cell")
     sub.add_parser("cells", help="rewrite each notebook's parameters cell from the profile schema")
+    s = sub.add_parser("sweep", help="a notebook or the suite over a parameter grid, resumably")
+    s.add_argument("--params", required=True, help="the profile every point starts from")
+    s.add_argument("--grid", required=True, help="grid file (see params/grids/)")
+    s.add_argument("--notebook", help="notebook prefix or 'suite' (default: the grid file's `notebook`)")
+    s.add_argument("--out", help="output folder (default: outputs/sweeps/<grid>-<profile>)")
+    s.add_argument("--workers", type=int, help="local workers (default: one per GPU, or one per core on sim)")
+    s.add_argument("--ray", metavar="auto|local|ADDRESS", help="run one Ray task per point on this cluster")
+    s.add_argument("--table", choices=("csv", "parquet"), default="csv")
+    s.add_argument("--timeout", type=int, default=1800, help="seconds per cell")
+    p = sub.add_parser("publish", help="build a static site from one run folder")
+    p.add_argument("run_dir", help="a run folder, e.g. outputs/gpu")
+    p.add_argument("--out", help="site folder (default: RUN_DIR/site)")
+    p.add_argument(
+        "--check", action="store_true", help="open it in headless Chromium; screenshot the landing page"
+    )
     args = ap.parse_args(argv)
-    if args.cmd == "cells":
-        write_cells()
-        return
     try:
-        recs = suite.run(args.params, args.out, args.only, args.timeout)
-    except (ValueError, RuntimeError, FileNotFoundError) as e:
+        COMMANDS[args.cmd](args)
+    except ERRORS as e:
         sys.exit(f"error: {e}")
-    for rec in recs:
+
+
+def _run(args):
+    from nblib.publish import suite
+
+    for rec in suite.run(args.params, args.out, args.only, args.timeout):
         print(f"{rec['notebook']:26s} {rec['status']:6s} {rec['seconds']:7.1f} s  {rec.get('verdict') or ''}")
     out = suite.output_dir(args.params, args.out)
     print(f"outputs: {out}/index.html (every verdict), {out}/writeup.md (the writeup)")
 
+
+def _cells(args):
+    """Each notebook's parameters cell, rewritten from the schema (run `make lint` after)."""
+    import nbformat
+
+    from nblib.core.paths import NOTEBOOK_DIR
+    from nblib.publish import params
+
+    for name in params.DECLARES:
+        path = NOTEBOOK_DIR / f"{name}.ipynb"
+        nb = nbformat.read(path, 4)
+        cell = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
+        cell.source = params.parameters_cell(name)
+        nbformat.write(nb, path)
+        print(f"{path}: parameters cell written from the schema")
+
+
+def _sweep(args):
+    from nblib.publish import sweep
+
+    outcomes, table, fig = sweep.sweep(
+        args.params, args.grid, args.out, args.workers, args.ray, args.table, args.timeout, args.notebook
+    )
+    failed = [o for o in outcomes if o.status == "failed"]
+    for o in failed:
+        print(f"failed point {o.point.id} {o.point.values}: {o.error}")
+    print(f"{len(outcomes) - len(failed)} of {len(outcomes)} points ok; table {table}, figure {fig}")
+    if failed:
+        sys.exit(1)
+
+
+def _publish(args):
+    from nblib.publish import site
+
+    built = site.build(args.run_dir, args.out)
+    print(f"site: {built.root / 'index.html'} ({len(built.pages)} pages)")
+    if args.check:
+        from nblib.publish import browse
+
+        shot = Path(args.run_dir) / "landing.png"
+        check = browse.check(built.root, screenshot=shot)
+        print(
+            f"checked {len(check.pages)} pages, {check.images} images, {check.links} links; screenshot {shot}"
+        )
+        if not check.ok:
+            sys.exit("site check failed:\n" + "\n".join(check.problems()))
+
+
+COMMANDS = {"run": _run, "cells": _cells, "sweep": _sweep, "publish": _publish}
 
 if __name__ == "__main__":
     main()

@@ -6,7 +6,6 @@ papermill's own success is not enough, since a cell timeout leaves no error in t
 A failed notebook stops the run, is marked failed with its failing cell, and earlier results stay.
 """
 
-import html
 import json
 import time
 from pathlib import Path
@@ -18,6 +17,7 @@ from tqdm.auto import tqdm
 
 from nblib.core.files import write_json, write_text
 from nblib.core.paths import NOTEBOOK_DIR, NOTEBOOKS, ROOT
+from nblib.publish import pages
 from nblib.publish import params as P
 
 
@@ -84,7 +84,7 @@ def run(params_path=None, out=None, only=None, timeout=1800):
         if dest.exists():
             _render_html(dest, out / rec["html"])
         records = [r for r in records if r["notebook"] != name] + [rec]
-        _write_index(out, records, params_path)
+        _write_index(out, records, shown_path(params_path))
         if rec["status"] != "ok":
             bar.close()
             raise SystemExit(
@@ -121,20 +121,35 @@ def _load_index(out):
         return []
 
 
-def _write_index(out, records, params_path):
+def shown_path(path):
+    """A profile as a reader should see it: relative to the repository when it lives there (a
+    machine's absolute path means nothing on another), else its file name."""
+    path = Path(path)
+    try:
+        return str(path.resolve().relative_to(P.ROOT))
+    except ValueError:
+        return path.name
+
+
+def write_index(out):
+    """Render the run's index page again from its index.json (after `publish` adds the site)."""
+    out = Path(out)
+    index = json.loads((out / "index.json").read_text())
+    _write_index(out, index["notebooks"], index["params"])
+
+
+def _write_index(out, records, params):
     records = sorted(records, key=lambda r: r["notebook"])
-    write_json(out / "index.json", dict(params=str(params_path), notebooks=records))
-    rows = "\n".join(
-        f"<tr class='{r['status']}'><td><a href='{html.escape(r['html'])}'>{r['notebook']}</a></td>"
-        f"<td>{r['status']}</td><td>{html.escape(str(r.get('verdict') or r.get('error') or ''))}</td>"
-        f"<td>{html.escape(str(r.get('device')))}</td><td>{r.get('seconds', '')}</td></tr>"
-        for r in records
+    write_json(out / "index.json", dict(params=params, notebooks=records))
+    exists = lambda name: name if (out / name).exists() else None
+    page = pages.render(
+        "run_index.html.j2",
+        title=f"capture-corruption suite: {out.name}",
+        run=out.name,
+        params=params,
+        records=[dict(r, link=exists(r["html"])) for r in records],
+        writeup=exists("05_report.html"),
+        writeup_md=exists("writeup.md"),
+        site=exists("site/index.html"),
     )
-    page = f"""<!doctype html><meta charset="utf-8"><title>capture-corruption suite: {out.name}</title>
-<style>body{{font-family:sans-serif;max-width:70em;margin:2em auto}}td,th{{padding:.3em .8em;text-align:left}}
-tr.failed{{background:#fdd}}tr.ok td:nth-child(2){{color:#070}}</style>
-<h1>Capture-corruption investigation: run {html.escape(out.name)}</h1>
-<p>params: {html.escape(str(params_path))}</p>
-<table><tr><th>notebook</th><th>status</th><th>verdict</th><th>device</th><th>seconds</th></tr>
-{rows}</table>"""
     write_text(out / "index.html", page)

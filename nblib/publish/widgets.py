@@ -1,36 +1,377 @@
-"""ipywidgets controls for live sessions. Callbacks stay thin over the plain functions that batch
-runs call, because papermill never sees an error raised inside a widget callback."""
+"""ipywidgets panels for live sessions in JupyterLab (`INTERACTIVE = True`), one per notebook's
+question. Each callback calls the plain function the batch run calls and shows its result:
 
-from nblib.engine.model import INDEX_DTYPES, OVERLAPS
+  00 matrix_explorer     the matrix by knob and bucket         reproduce.corruption_matrix
+  01 page_map            the index-K cache's pages, per replay  canary (pagemap.watch)
+  02 gediff_explorer     divergence and rate, off vs on, by step  gediff.arms, gediff.compare_arms
+  03 timeline_explorer   one capture's streams, one hazard lit  overlap.audit_model, plots.stream_timeline
+  04 fix_explorer        variant by bucket: corruption, speed   fix.run_variant, fix.step_times
+
+Each returns a Panel (nblib.publish.panel): show it as a cell's last value; panel.click() runs it.
+"""
+
+import matplotlib.pyplot as plt
+
+from nblib.core import stats
+from nblib.engine.model import INDEX_DTYPES, LOGITS_POLICIES, OVERLAPS
 from nblib.engine.runner import MODES
-from nblib.publish import show
-from nblib.studies import reproduce
+from nblib.instruments import gediff
+from nblib.publish import pagemap, plots
+from nblib.publish.panel import Panel
+from nblib.publish.show import html_table
+from nblib.studies import fix, overlap, reproduce
 
-
-def matrix_explorer(dev, model, buckets, workload):
+try:
     import ipywidgets as W
-    from IPython.display import display
+except ImportError:  # the batch path never needs widgets; a live session says what to install
+    W = None
 
-    dtype = W.Dropdown(options=INDEX_DTYPES, description="index dtype")
-    mode = W.Dropdown(options=MODES, description="mode")
-    overlap = W.Dropdown(options=OVERLAPS, description="overlap")
-    bucket = W.Dropdown(options=buckets, value=max(buckets), description="bucket")
-    go, out = W.Button(description="run"), W.Output()
 
-    def on_click(_):
-        with out:
-            out.clear_output()
-            rows, aliases = reproduce.corruption_matrix(
-                dev,
-                model,
-                [b for b in buckets if b <= bucket.value],
-                workload,
-                [dtype.value],
-                [mode.value],
-                [overlap.value],
+def _ui():
+    if W is None:
+        raise RuntimeError("widgets need ipywidgets: pip install ipywidgets (make lab installs it)")
+    return W
+
+
+def _need(values, what):
+    if not values:
+        raise ValueError(f"choose at least one {what}")
+    return list(values)
+
+
+def _rate(k, n):
+    return stats.fmt_rate(k, n) if n else "no sessions"
+
+
+# -- 00 ------------------------------------------------------------------------------------------
+
+
+def matrix_explorer(dev, model, buckets, workload, logits_policy="transient"):
+    """Corrupted sessions and steps by index dtype x mode x overlap x bucket, for the knobs chosen."""
+    W = _ui()
+    p = Panel(
+        controls=dict(
+            index_dtypes=W.SelectMultiple(
+                options=INDEX_DTYPES, value=INDEX_DTYPES, description="index dtype"
+            ),
+            modes=W.SelectMultiple(options=MODES, value=MODES, description="mode"),
+            overlaps=W.SelectMultiple(options=OVERLAPS, value=OVERLAPS, description="overlap"),
+            bucket=W.Dropdown(options=sorted(buckets), value=max(buckets), description="up to bucket"),
+        ),
+        button=W.Button(description="run matrix", button_style="primary"),
+    )
+
+    def run(p, tick):
+        dtypes, modes = _need(p.value("index_dtypes"), "index dtype"), _need(p.value("modes"), "mode")
+        overlaps = _need(p.value("overlaps"), "overlap setting")
+        bs = [b for b in sorted(buckets) if b <= p.value("bucket")]
+        reproduce.check_matrix_args(dtypes, modes, overlaps, bs, logits_policy)
+        tick.start(len(dtypes) * len(modes) * len(overlaps), "capturing the first configuration")
+        rows, aliases = reproduce.corruption_matrix(
+            dev, model, bs, workload, dtypes, modes, overlaps, logits_policy, progress=tick
+        )
+        rows = reproduce.with_intervals(rows)
+        p.state.update(rows=rows, aliases=aliases)
+        cols = ["index_dtype", "mode", "overlap", "bucket", "corrupted_sessions", "sessions"]
+        cols += ["session_lo", "session_hi", "corrupted_steps", "steps"]
+        p.show(
+            plots.corruption_heatmap(rows, "session"),
+            [
+                ("corruption by configuration and bucket", html_table(rows, cols)),
+                ("tensors that shared bytes across streams", html_table(aliases)),
+            ],
+        )
+        bad = sum(r["corrupted_sessions"] for r in rows)
+        return f"{len(rows)} rows, {bad} corrupted session(s) in all"
+
+    p.on_click(run)
+    return p
+
+
+# -- 01 ------------------------------------------------------------------------------------------
+
+
+def page_map(dev, model, buckets, workload, logits_policy="transient", index_dtype="bf16"):
+    """The canary's run for one overlap setting and bucket; a slider walks its replays' page maps."""
+    W = _ui()
+    step = W.IntSlider(value=0, min=0, max=0, description="replay", disabled=True, continuous_update=False)
+    p = Panel(
+        controls=dict(
+            overlap=W.Dropdown(options=OVERLAPS, description="overlap"),
+            bucket=W.Dropdown(options=sorted(buckets), value=max(buckets), description="bucket"),
+        ),
+        button=W.Button(description="watch", button_style="primary"),
+        extra=[step],
+    )
+
+    def draw(_=None):
+        run = p.state.get("run")
+        if not run or not run.steps:
+            return
+        st = run.steps[step.value]
+        p.show(pagemap.figure(st))
+        p.say(
+            f"replay {st.index} of {len(run.steps)}: " + ", ".join(f"{k} {v}" for k, v in st.counts().items())
+        )
+
+    def run(p, tick):
+        b = p.value("bucket")
+        tick.start(pagemap.estimated_steps(workload, b), "capturing")
+        r = pagemap.watch(
+            dev, model, buckets, workload, p.value("overlap"), b, index_dtype, logits_policy, tick
+        )
+        p.state["run"] = r
+        alarms = [i for i, s in enumerate(r.steps) if s.counts()["changed"]]
+        # open on the first replay worth a look: an alarm, else a corrupted step, else a store
+        worth = alarms + [i for i, s in enumerate(r.steps) if s.corrupted_rows or s.counts()["expected"]]
+        step.max, step.disabled = max(0, len(r.steps) - 1), not r.steps
+        step.value = worth[0] if worth else 0
+        draw()
+        p.show(tables=[("the canary over this run", html_table([r.summary]))])
+        s = r.summary
+        return (
+            f"{len(r.steps)} replays; corrupted {s['corrupted_sessions']}/{s['sessions']} sessions; "
+            f"{s['live_overwrites']} live-page overwrites; {len(alarms)} replay(s) changed an unexpected page"
+        )
+
+    p.on_click(run)
+    step.observe(draw, "value")
+    return p
+
+
+# -- 02 ------------------------------------------------------------------------------------------
+
+
+def gediff_explorer(dev, model, buckets, workload, logits_policy="transient", seed=0):
+    """Per bucket, the corruption rate with the differential off and on; a slider walks the
+    differential's comparisons in the chosen bucket's run."""
+    W = _ui()
+    run_of = W.Dropdown(options=sorted(buckets), value=max(buckets), description="run", disabled=True)
+    step = W.IntSlider(
+        value=0, min=0, max=0, description="comparison", disabled=True, continuous_update=False
+    )
+    p = Panel(
+        controls={},
+        button=W.Button(description="run both arms", button_style="primary"),
+        extra=[W.HBox([run_of, step])],
+    )
+
+    def draw(_=None):
+        recs = [r for r in p.state.get("records", []) if r["concurrency"] == run_of.value]
+        step.max, step.disabled = max(0, len(recs) - 1), not recs
+        if not recs:
+            p.say(f"no comparison in the run with at most {run_of.value} sessions")
+            return
+        rec = recs[min(step.value, len(recs) - 1)]
+        fig, ax = plt.subplots(figsize=(9, 3.4))
+        ax.bar(
+            range(len(recs)),
+            [r["topk_rows"] for r in recs],
+            color=["tab:red" if r["diverged"] else "tab:blue" for r in recs],
+        )
+        ax.axvline(step.value, color="k", linestyle="--", linewidth=1)
+        ax.set_xlabel(f"comparison (one per replay), run with at most {run_of.value} sessions")
+        ax.set_ylabel("rows whose top-k set differs")
+        ax.set_title(f"graph vs eager: {sum(r['diverged'] for r in recs)}/{len(recs)} diverged (red)")
+        fig.tight_layout()
+        p.show(fig)
+        p.say(
+            f"comparison {step.value}: step {rec['step']}, bucket {rec['bucket']}, rows {rec['rows']}, "
+            f"max_abs {rec['max_abs']:.3g}, argmax differs in {rec['argmax_rows']}, "
+            f"top-k in {rec['topk_rows']}"
+        )
+
+    def run(p, tick):
+        tick.start(2 * len(buckets), "capturing both arms")
+        rows, gd = gediff.arms(
+            dev, model, buckets, workload, logits_policy=logits_policy, seed=seed, progress=tick
+        )
+        pooled, fisher = gediff.compare_arms(rows)
+        p.state.update(rows=rows, records=gd.records, pooled=pooled, fisher=fisher)
+        by = {}
+        for r in rows:
+            d = by.setdefault(r["bucket"], dict(bucket=r["bucket"]))
+            d[f"{r['arm']}: corrupted"] = _rate(r["corrupted_sessions"], r["sessions"])
+            if r["arm"] == "on":
+                d.update(comparisons=r["comparisons"], diverged=r["diverged"])
+        p.show(
+            tables=[
+                ("per bucket, differential off vs on", html_table(list(by.values()))),
+                (f"buckets > 1 pooled; Fisher p = {fisher['p']:.3g}", html_table(pooled)),
+            ]
+        )
+        run_of.disabled, step.value = False, 0
+        draw()
+        return gediff.verdict(pooled, fisher, gd.summary())
+
+    p.on_click(run)
+    run_of.observe(draw, "value")
+    step.observe(draw, "value")
+    return p
+
+
+# -- 03 ------------------------------------------------------------------------------------------
+
+
+def _hazard_label(h):
+    r = h.row()
+    return (
+        f"{r['kind']}: {r['first_op']} ({r['first_stream']}) on {r['first_tensor']} / "
+        f"{r['second_op']} ({r['second_stream']}) on {r['second_tensor']}"
+    )
+
+
+def timeline_explorer(
+    dev, model, buckets, index_dtypes=INDEX_DTYPES, overlaps=OVERLAPS, policies=LOGITS_POLICIES
+):
+    """Capture and audit one configuration; the chosen bucket's capture is drawn stream by stream,
+    and the chosen hazard's two ops are lit, with both tensors' allocation and free sites."""
+    W = _ui()
+    hazard = W.Dropdown(options=[], description="hazard", layout=W.Layout(width="95%"), disabled=True)
+    shown = W.Dropdown(options=sorted(buckets), value=max(buckets), description="bucket", disabled=True)
+    p = Panel(
+        controls=dict(
+            index_dtype=W.Dropdown(options=index_dtypes, description="index dtype"),
+            overlap=W.Dropdown(options=overlaps, description="overlap"),
+            policy=W.Dropdown(options=policies, description="logits"),
+        ),
+        button=W.Button(description="capture + audit", button_style="primary"),
+        extra=[W.HBox([shown, hazard])],
+    )
+
+    def pick_bucket(_=None):
+        rep = p.state.get("report")
+        if rep is None:
+            return
+        seen = {}
+        for h in rep.by("bucket").get(shown.value, []):
+            seen.setdefault(_hazard_label(h), h)  # one entry per (op pair, tensor pair)
+        p.state["hazards"] = list(seen.values())
+        hazard.options = [(k, i) for i, k in enumerate(seen)] or [
+            ("no cross-stream race in this capture", -1)
+        ]
+        hazard.disabled = not seen
+        hazard.value = 0 if seen else -1
+        draw()
+
+    def draw(_=None):
+        rep, g = p.state.get("report"), p.state.get("runner")
+        if rep is None:
+            return
+        tr = next(t for t in rep.traces if t.label.get("bucket") == shown.value)
+        chosen = [p.state["hazards"][hazard.value]] if hazard.value is not None and hazard.value >= 0 else []
+        graph = g.graphs[shown.value][0]
+        graph.replay()  # one replay, so the simulator can draw when each op ran
+        dev.synchronize()
+        title = f"{p.state['knobs']}, bucket {shown.value}: {len(chosen)} hazard lit"
+        fig = plots.stream_timeline(tr, chosen, getattr(graph, "last_schedule", None), title=title)
+        sites = [chosen[0].row()] if chosen else []
+        cols = [
+            "first_tensor",
+            "first_alloc",
+            "first_free",
+            "first_site",
+            "second_tensor",
+            "second_alloc",
+            "second_free",
+            "second_site",
+            "nbytes",
+            "reused",
+        ]
+        p.show(
+            fig,
+            [
+                (
+                    "the hazard's tensors: where each was allocated and freed, and the racing ops",
+                    html_table(sites, cols),
+                )
+            ],
+        )
+
+    def run(p, tick):
+        tick.start(1, "capturing under the recorder")
+        rep, runner, seconds = overlap.audit_model(
+            dev, model, buckets, p.value("index_dtype"), p.value("overlap"), p.value("policy")
+        )
+        tick("audited")
+        knobs = f"{p.value('index_dtype')}, {p.value('policy')} logits, overlap {p.value('overlap')}"
+        p.state.update(report=rep, runner=runner, capture_seconds=seconds, knobs=knobs)
+        shown.disabled = False
+        pick_bucket()
+        return rep.summary()
+
+    p.on_click(run)
+    shown.observe(pick_bucket, "value")
+    hazard.observe(draw, "value")
+    return p
+
+
+# -- 04 ------------------------------------------------------------------------------------------
+
+
+def fix_explorer(dev, model, buckets, workload, replays=20, index_dtype="bf16"):
+    """The chosen variants at the chosen buckets: corrupted sessions (Wilson 95%) and step time."""
+    W = _ui()
+    names = tuple(fix.VARIANTS)
+    p = Panel(
+        controls=dict(
+            variants=W.SelectMultiple(options=names, value=names, description="variants"),
+            buckets=W.SelectMultiple(
+                options=sorted(buckets), value=tuple(sorted(buckets)), description="buckets"
+            ),
+        ),
+        button=W.Button(description="run variants", button_style="primary"),
+    )
+
+    def run(p, tick):
+        variants = _need(p.value("variants"), "variant")
+        bs = _need(p.value("buckets"), "bucket")
+        tick.start(len(variants) * (len(bs) + 1), "capturing")
+        rows, times = [], []
+        for v in variants:
+            rows += fix.run_variant(dev, model, bs, workload, v, index_dtype=index_dtype, progress=tick)
+        for v in variants:  # one variant per call: the same timing, a tick between variants
+            times += fix.step_times(dev, model, bs, [v], replays=replays, index_dtype=index_dtype)
+            tick(f"timed {v}")
+        p.state.update(rows=rows, times=times)
+        ms = {(t["variant"], t["bucket"]): t["median_ms"] for t in times}
+        table = [
+            dict(
+                variant=r["variant"],
+                bucket=r["bucket"],
+                corrupted=_rate(r["corrupted_sessions"], r["sessions"]),
+                median_ms=ms[(r["variant"], r["bucket"])],
             )
-            display(show.table(reproduce.with_intervals([r for r in rows if r["bucket"] == bucket.value])))
-            display(show.table(aliases))
+            for r in rows
+        ]
+        p.show(_variant_figure(rows, times, variants), [("variant by bucket", html_table(table))])
+        bad = [v for v in variants if any(r["corrupted_sessions"] for r in rows if r["variant"] == v)]
+        return f"corrupting: {', '.join(bad) or 'none'}; timing: {times[0]['method']}"
 
-    go.on_click(on_click)
-    display(W.HBox([dtype, mode, overlap, bucket, go]), out)
+    p.on_click(run)
+    return p
+
+
+def _variant_figure(rows, times, variants):
+    fig, (speed, bad) = plt.subplots(1, 2, figsize=(11, 3.8))
+    for i, v in enumerate(variants):
+        t = sorted((x for x in times if x["variant"] == v), key=lambda x: x["bucket"])
+        speed.plot([x["bucket"] for x in t], [x["median_ms"] for x in t], "o-", label=v)
+        rs = sorted((r for r in rows if r["variant"] == v), key=lambda r: r["bucket"])
+        ci = [stats.rate(r["corrupted_sessions"], r["sessions"]) for r in rs]
+        x = [j + (i - (len(variants) - 1) / 2) * 0.1 for j in range(len(rs))]
+        bad.errorbar(
+            x,
+            [c["rate"] for c in ci],
+            yerr=[[c["rate"] - c["lo"] for c in ci], [c["hi"] - c["rate"] for c in ci]],
+            fmt="o",
+            capsize=3,
+            label=v,
+        )
+        bad.set_xticks(range(len(rs)), [str(r["bucket"]) for r in rs])
+    speed.set_xscale("log", base=2)
+    speed.set(xlabel="bucket", ylabel="decode step, median ms", title="speed")
+    bad.set(xlabel="bucket", ylabel="corrupted sessions (Wilson 95%)", title="corruption", ylim=(-0.03, 1.03))
+    speed.legend(fontsize=8)
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,113 @@
+"""The frame every live widget shares: controls, a run button, a progress bar with elapsed time and
+ETA, a status line, an HTML view (tables) and a figure (PNG). Results land in plain widget values
+and in `state`, so a test can build a panel, set its controls, click, and read what it produced.
+
+A callback's error is shown in the status line in one sentence (papermill never runs these
+callbacks, and a live session should not lose the panel to a traceback); it is also kept in
+state["error"].
+"""
+
+import html
+import io
+import time
+from dataclasses import dataclass, field
+
+import ipywidgets as W
+import matplotlib.pyplot as plt
+
+
+def png(fig):
+    """A matplotlib figure as PNG bytes; the figure is closed (widgets redraw often)."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
+    plt.close(fig)
+    return buf.getvalue()
+
+
+@dataclass
+class Panel:
+    controls: dict  # name -> the widget the user sets
+    button: W.Button
+    extra: list = field(default_factory=list)  # follow-up controls (a step slider, a hazard picker)
+    progress: W.IntProgress = field(default_factory=lambda: W.IntProgress(value=0, min=0, max=1))
+    status: W.HTML = field(default_factory=W.HTML)
+    view: W.HTML = field(default_factory=W.HTML)
+    figure: W.Image = field(default_factory=lambda: W.Image(format="png"))
+    state: dict = field(default_factory=dict)
+    box: W.VBox = None
+
+    def __post_init__(self):
+        self.progress.layout = W.Layout(width="40%")
+        self.box = W.VBox(
+            [
+                W.HBox([*self.controls.values(), self.button]),
+                W.HBox([self.progress, self.status]),
+                *self.extra,
+                self.figure,
+                self.view,
+            ]
+        )
+
+    def _repr_mimebundle_(self, **kwargs):  # a panel as a cell's last value shows the widgets
+        return self.box._repr_mimebundle_(**kwargs)
+
+    def value(self, name):
+        return self.controls[name].value
+
+    def say(self, text, error=False):
+        color = "#a00" if error else "#333"
+        self.status.value = f"<span style='color:{color}'>{html.escape(text)}</span>"
+
+    def show(self, fig=None, tables=()):
+        """Replace the figure (a matplotlib Figure) and the tables ((title, html) pairs)."""
+        if fig is not None:
+            self.figure.value = png(fig)
+        if tables:
+            self.view.value = "".join(f"<h4>{html.escape(t)}</h4>{h}" for t, h in tables)
+
+    def on_click(self, fn):
+        """Run fn(panel, tick) on click, with the button disabled while it runs; fn returns a
+        one-line summary. tick(total) starts the bar; then tick() per unit of work, tick(text=...)
+        to show a line of progress."""
+
+        def handler(_=None):
+            self.button.disabled = True
+            self.state.pop("error", None)
+            t0 = time.perf_counter()
+            tick = Ticker(self, t0)
+            try:
+                summary = fn(self, tick)
+                self.progress.value, self.progress.bar_style = self.progress.max, "success"
+                self.say(f"{summary} ({time.perf_counter() - t0:.1f} s)")
+            except Exception as e:  # shown, not raised: see the module docstring
+                self.state["error"] = e
+                self.progress.bar_style = "danger"
+                self.say(f"error: {e}", error=True)
+            finally:
+                self.button.disabled = False
+
+        self.button.on_click(handler)
+        return handler
+
+    def click(self):
+        self.button.click()
+
+
+class Ticker:
+    """The progress callback the study functions take (`progress=`): each call is one unit done."""
+
+    def __init__(self, panel, t0):
+        self.panel, self.t0 = panel, t0
+
+    def start(self, total, text="running"):
+        bar = self.panel.progress
+        bar.max, bar.value, bar.bar_style = max(1, total), 0, "info"
+        self.panel.say(text)
+
+    def __call__(self, text=None):
+        bar = self.panel.progress
+        bar.value = min(bar.max, bar.value + 1)
+        spent = time.perf_counter() - self.t0
+        eta = spent / bar.value * (bar.max - bar.value)
+        line = f"{bar.value}/{bar.max} · {spent:.0f} s · ETA {eta:.0f} s"
+        self.panel.say(f"{line} · {text}" if text else line)

@@ -1,0 +1,66 @@
+"""The sweep on a Ray cluster: one task per grid point, `num_gpus=1` on CUDA profiles (Ray sets
+each task's CUDA_VISIBLE_DEVICES). A task runs its point exactly as a local worker does
+(nblib.publish.sweep.run_point: a child `python -m nblib run`, one retry) in a scratch folder on
+its node, then sends the point's files back; the driver writes them into its own output folder.
+
+    python -m nblib sweep --params params/gpu.yaml --grid params/grids/seeds.yaml --ray auto
+
+`--ray auto` joins the cluster this machine belongs to (`ray start --head` first; RAY_ADDRESS is
+honoured), `--ray local` starts a private one for this sweep, `--ray HOST:PORT` (or ray://...)
+joins that cluster and ships this repository's code to it (outputs and .venv left behind).
+"""
+
+import tempfile
+from pathlib import Path
+
+import ray
+
+from nblib.core.files import write_bytes
+from nblib.core.paths import ROOT
+from nblib.publish import sweep
+
+SHIP_EXCLUDES = ["outputs/", ".venv/", ".git/", "**/.ipynb_checkpoints/"]
+
+
+def connect(address):
+    """Join (or start) the cluster; returns its dashboard URL ("" when the dashboard is off)."""
+    if ray.is_initialized():  # the caller (a test, a notebook) already started or joined one
+        ctx = ray.init(ignore_reinit_error=True)
+    elif address == "local":
+        ctx = ray.init()
+    else:
+        remote = address != "auto"
+        runtime_env = {"working_dir": str(ROOT), "excludes": SHIP_EXCLUDES} if remote else None
+        try:
+            ctx = ray.init(address=address, runtime_env=runtime_env)
+        except ConnectionError as e:
+            raise RuntimeError(
+                f"no Ray cluster at {address!r} ({e}): start one with `ray start --head`, or use --ray local"
+            ) from None
+    url = ctx.dashboard_url or ""
+    return f"http://{url}" if url and "://" not in url else url
+
+
+def _point_files(point, notebooks, timeout):
+    """Inside a Ray task: run the point in a scratch folder; return (outcome, {relative path: bytes})."""
+    with tempfile.TemporaryDirectory(prefix="nblib-point-") as d:
+        where = Path(d) / point.id
+        outcome = sweep.run_point(point, notebooks, where, env=None, timeout=timeout)
+        files = {str(f.relative_to(where)): f.read_bytes() for f in sorted(where.rglob("*")) if f.is_file()}
+    return outcome, files
+
+
+def run(todo, notebooks, out, profile, address, timeout, bar):
+    """Yield each point's Outcome as its task finishes, its files written under out/points/<id>/."""
+    url = connect(address)
+    print(f"Ray dashboard: {url}" if url else "Ray dashboard: not running (pip install 'ray[default]')")
+    gpu = profile.get("backend") == "cuda"
+    task = ray.remote(_point_files).options(num_gpus=1 if gpu else 0, num_cpus=1)
+    pending = [task.remote(p, notebooks, timeout) for p in todo]
+    while pending:
+        ready, pending = ray.wait(pending, num_returns=1)
+        outcome, files = ray.get(ready[0])
+        for rel, data in files.items():
+            write_bytes(Path(out) / "points" / outcome.point.id / rel, data)
+        bar.update()
+        yield outcome

@@ -1,0 +1,167 @@
+"""`python -m nblib publish RUN_DIR`: one run as a static site, RUN_DIR/site/ by default.
+
+    site = nblib.publish.site.build("outputs/gpu")      # Site(root, pages)
+
+Pages: index.html (the story, every notebook's verdict, the investigation step by step, the
+figures), one page per executed notebook (nbconvert with our template: JupyterLab's look, code
+folded under each cell), writeup.html (writeup.md), environment.html (device, versions, commit,
+params). Figures are copied beside the pages and every link is relative, so the folder can be
+served or attached as it is; no page loads anything from the network. nbconvert and jinja2 do the
+work (Jupyter Book 2 would add a Node toolchain to render the same six pages).
+"""
+
+import json
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import nbformat
+import yaml
+from nbconvert import HTMLExporter
+from nbconvert.filters import markdown2html
+
+from nblib.core.files import write_text
+from nblib.publish import pages, report, show, suite
+
+SITE = "site"
+
+
+@dataclass
+class Site:
+    root: Path
+    pages: list  # file names, landing page first
+
+
+def _index(run):
+    path = run / "index.json"
+    if not path.exists():
+        raise FileNotFoundError(
+            f"{run} holds no index.json: run the suite into it first (python -m nblib run --out {run})"
+        )
+    return json.loads(path.read_text())
+
+
+def _results(run, name):
+    try:
+        return json.loads((run / f"{name}.results.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _notebook_page(ipynb, dest, nav):
+    exporter = HTMLExporter(
+        extra_template_basedirs=[str(pages.TEMPLATES)],
+        template_name="nbpage",
+        exclude_input_prompt=True,
+        exclude_output_prompt=True,
+    )
+    body, _ = exporter.from_notebook_node(nbformat.read(ipynb, 4), resources={"site_nav": nav})
+    write_text(dest, body)
+
+
+def _environment(run, records):
+    rows, groups = [], {}
+    for r in records:
+        res = _results(run, r["notebook"])
+        rows.append(
+            dict(
+                notebook=r["notebook"],
+                status=r["status"],
+                **{k: res.get(k, "-") for k in ("device", "backend", "torch", "triton", "python", "commit")},
+                seconds=res.get("seconds", "-"),
+            )
+        )
+        text = yaml.safe_dump(res.get("params", {}), sort_keys=False, default_flow_style=None, width=100)
+        groups.setdefault(text, []).append(r["notebook"])  # notebooks that shared their parameters
+    return show.html_table(rows), [(", ".join(names), text) for text, names in groups.items()]
+
+
+def build(run_dir, out=None):
+    """Build the site; returns Site(root, pages). The old site is replaced only once the new one is whole."""
+    run = Path(run_dir)
+    index = _index(run)
+    records = index["notebooks"]
+    out = Path(out) if out else run / SITE
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    tmp.chmod(0o755)  # mkdtemp makes 0700; the site is for everyone to read
+    try:
+        names = _build(run, index, records, tmp)
+        if out.exists():
+            old = out.with_name(f".{out.name}-old")
+            shutil.rmtree(old, ignore_errors=True)
+            out.rename(old)
+            tmp.rename(out)
+            shutil.rmtree(old)
+        else:
+            tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if out == run / SITE:
+        suite.write_index(run)  # the run's own index links to the site now
+    return Site(out, names)
+
+
+def _build(run, index, records, dest):
+    executed = [r for r in records if (run / f"{r['notebook']}.ipynb").exists()]
+    nav = [("index.html", "overview")]
+    if (run / "writeup.md").exists():
+        nav.append(("writeup.html", "writeup"))
+    nav += [(f"{r['notebook']}.html", r["notebook"][:2]) for r in executed]
+    nav.append(("environment.html", "environment"))
+    ctx = dict(run=run.resolve().name, nav=nav)
+    names = ["index.html"]
+
+    for r in executed:
+        _notebook_page(run / f"{r['notebook']}.ipynb", dest / f"{r['notebook']}.html", nav)
+        names.append(f"{r['notebook']}.html")
+    figures = report.figures(run)
+    for f, _ in figures:
+        shutil.copy2(run / f, dest / f)
+    if (run / "writeup.md").exists():
+        write_text(
+            dest / "writeup.html",
+            pages.render(
+                "site_page.html.j2",
+                title=f"writeup: {ctx['run']}",
+                content=markdown2html((run / "writeup.md").read_text()),
+                **ctx,
+            ),
+        )
+        names.append("writeup.html")
+    table, params = _environment(run, records)
+    write_text(
+        dest / "environment.html",
+        pages.render(
+            "environment.html.j2",
+            title=f"environment: {ctx['run']}",
+            environment=table,
+            params=params,
+            params_file=index.get("params", "-"),
+            **ctx,
+        ),
+    )
+    names.append("environment.html")
+
+    results = report.load(run)
+    first = next((r for r in results.values() if r), {})
+    ok = sum(r["status"] == "ok" for r in records)
+    summary = (
+        f"{ok} of {len(records)} notebooks finished on {first.get('device', 'an unknown device')} "
+        f"(backend {first.get('backend', '-')}, commit {str(first.get('commit', '-'))[:12]})."
+    )
+    write_text(
+        dest / "index.html",
+        pages.render(
+            "site_index.html.j2",
+            title=f"capture-corruption investigation: {ctx['run']}",
+            records=[dict(r, page=f"{r['notebook']}.html" if r in executed else None) for r in records],
+            steps=report.investigation(results),
+            figures=figures,
+            summary=summary,
+            **ctx,
+        ),
+    )
+    return names

@@ -1,0 +1,94 @@
+"""`make lab` and the dependency lists: JupyterLab starts on notebooks/ with the project's kernel,
+and environment.yml asks for the same packages as pyproject.toml."""
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import yaml
+
+from nblib.core.paths import ROOT
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: pytest's own dependency reads TOML there
+    import tomli as tomllib
+
+
+def _name(req):
+    """A requirement's package name, normalised: 'ray[default]>=2' -> 'ray'."""
+    return re.split(r"[\[<>=!~; ]", req.strip(), maxsplit=1)[0].lower().replace("_", "-")
+
+
+def _pins(reqs):
+    return {_name(r): r.split("==", 1)[1] for r in reqs if "==" in r}
+
+
+def test_environment_yml_lists_the_packages_pyproject_declares():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    declared = project["dependencies"] + project["optional-dependencies"]["test"]
+    conda = yaml.safe_load((ROOT / "environment.yml").read_text())["dependencies"]
+    pip = next(d["pip"] for d in conda if isinstance(d, dict) and "pip" in d)
+    listed = [r for r in pip if not r.startswith("-e")]
+    assert {_name(r) for r in listed} == {_name(r) for r in declared}
+    # a version pinned in both must be the same (torch and triton are pinned only where CPU installs are made)
+    both = _pins(listed).keys() & _pins(declared).keys()
+    assert {k: _pins(listed)[k] for k in both} == {k: _pins(declared)[k] for k in both}
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _get(url):
+    with urllib.request.urlopen(url, timeout=5) as r:
+        return r.status, r.read()
+
+
+def test_make_lab_serves_the_notebooks_with_the_project_kernel(tmp_path):
+    port, token = _free_port(), "nblib-test"
+    args = f"--no-browser --port={port} --IdentityProvider.token={token} --ServerApp.runtime_dir={tmp_path}"
+    # -o .venv/.stamp: use the venv as it is (the test must not reinstall it); PY: this interpreter
+    cmd = ["make", "-o", ".venv/.stamp", "lab", f"PY={sys.executable}", f"LAB_ARGS={args}"]
+    env = {**os.environ, "JUPYTER_CONFIG_DIR": str(tmp_path / "config"), "HOME": str(tmp_path)}
+    lab = subprocess.Popen(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                status, _ = _get(f"{base}/api/status?token={token}")
+                break
+            except OSError:
+                if lab.poll() is not None or time.monotonic() > deadline:
+                    raise AssertionError(
+                        f"JupyterLab did not start: {lab.stderr.read().decode()[-2000:]}"
+                    ) from None
+                time.sleep(0.5)
+        assert status == 200
+        assert _get(f"{base}/lab?token={token}")[0] == 200  # the JupyterLab UI itself is served
+        listing = json.loads(_get(f"{base}/api/contents?token={token}")[1])
+        names = {c["name"] for c in listing["content"]}
+        assert {"00_reproduce.ipynb", "05_report.ipynb"} <= names  # rooted at notebooks/
+        specs = json.loads(_get(f"{base}/api/kernelspecs?token={token}")[1])
+        kernel = specs["kernelspecs"][specs["default"]]["spec"]
+        # the notebooks' kernel (python3) is this environment's own interpreter
+        nb_kernel = json.loads((ROOT / "notebooks" / "00_reproduce.ipynb").read_text())["metadata"][
+            "kernelspec"
+        ]
+        assert nb_kernel["name"] == specs["default"] == "python3"
+        assert kernel["argv"][0] in ("python", sys.executable), kernel["argv"]
+    finally:
+        if lab.poll() is None:
+            os.killpg(lab.pid, signal.SIGTERM)  # make and the server it started, nothing else
+        lab.wait(timeout=30)

@@ -1,0 +1,128 @@
+"""Sweeps on the simulator: keys checked before anything runs, local workers with one retry and
+resume, and the same sweep as Ray tasks on a local Ray the test starts. Points are tiny (one
+notebook, the ci profile's shapes, a handful of sessions) so the whole module stays around a minute."""
+
+import json
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+import yaml
+
+from nblib.core import stats
+from nblib.publish import params as P
+from nblib.publish import sweep
+
+TINY = {
+    **P.load(P.ROOT / "params" / "ci.yaml"),
+    "buckets": [1, 2],
+    "workload": {**P.load(P.ROOT / "params" / "ci.yaml")["workload"], "sessions": 6, "rounds": 1},
+    "index_dtypes": ["bf16"],
+    "modes": ["graph"],
+    "overlaps": ["on"],
+}
+
+
+def write(tmp_path, name, data):
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def racy_sessions(res):
+    """The headline pooled by hand from notebook 00's matrix: graph, overlap on, buckets > 1."""
+    sel = [r for r in res["matrix"] if r["mode"] == "graph" and r["overlap"] == "on" and r["bucket"] > 1]
+    return sum(r["corrupted_sessions"] for r in sel), sum(r["sessions"] for r in sel)
+
+
+@pytest.mark.parametrize(
+    "profile,grid,message",
+    [
+        ({}, {"notebook": "00", "grid": {"fix_target": [0.1, 0.2]}}, "'fix_target' is not a parameter of 00"),
+        ({"seeds": 1}, {"notebook": "00", "grid": {"seed": [0, 1]}}, "profile key 'seeds'"),
+        ({}, {"notebook": "00", "grid": {"workload.session": [4]}}, "the profile's 'workload' has sessions"),
+        ({}, {"notebook": "00", "grid": {"output_dir": ["x"]}}, "'output_dir' is not a parameter"),
+        ({}, {"notebook": "00", "grid": {"index_dtypes": [["int4"]]}}, "unknown index dtype 'int4'"),
+        ({}, {"notebook": "09", "grid": {"seed": [0]}}, "unknown notebook '09'"),
+        ({}, {"notebook": "00", "grid": {"seed": 3}}, "needs a non-empty list"),
+    ],
+)
+def test_a_bad_key_or_value_fails_in_one_line_before_anything_runs(tmp_path, profile, grid, message):
+    params = write(tmp_path, "p.yaml", {**TINY, **profile})
+    with pytest.raises(ValueError, match=message) as e:
+        sweep.sweep(params, write(tmp_path, "g.yaml", grid), out=tmp_path / "out", workers=1)
+    assert "\n" not in str(e.value)
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_cli_says_what_is_wrong_in_one_line(tmp_path):
+    params = write(tmp_path, "p.yaml", TINY)
+    grid = write(tmp_path, "g.yaml", {"notebook": "00", "grid": {"timing_replays": [5]}})
+    p = subprocess.run(
+        [sys.executable, "-m", "nblib", "sweep", "--params", str(params), "--grid", str(grid)],
+        capture_output=True,
+        text=True,
+        cwd=P.ROOT,
+        check=False,
+    )
+    assert p.returncode != 0
+    assert p.stderr.strip().splitlines() == [
+        "error: grid key 'timing_replays' is not a parameter of 00_reproduce: choose among backend, "
+        "buckets, index_dtypes, logits_policy, model, modes, overlaps, seed, workload"
+    ]
+
+
+def test_local_workers_run_retry_once_record_failures_and_resume(tmp_path):
+    params = write(tmp_path, "p.yaml", TINY)
+    # 3 cache pages cannot hold the sessions: the notebook itself raises, a real failure of that point
+    grid = write(tmp_path, "g.yaml", {"notebook": "00", "grid": {"model.num_pages": [300, 3]}})
+    out = tmp_path / "sweep"
+    outcomes, table, fig = sweep.sweep(params, grid, out=out, workers=2)
+    by = {o.point.values["model.num_pages"]: o for o in outcomes}
+    good, bad = by[300], by[3]
+    assert (good.status, good.attempts) == ("ok", 1)
+    assert (bad.status, bad.attempts) == ("failed", 2) and "out of cache pages" in bad.error
+    assert (out / "points" / bad.point.id / "run.log").read_text().count("--- attempt") == 2
+
+    res = json.loads((out / "points" / good.point.id / "00_reproduce.results.json").read_text())
+    assert res["status"] == "ok" and res["params"]["model"]["num_pages"] == 300  # the grid value arrived
+    df = pd.read_csv(table)
+    assert sorted(df["status"]) == ["failed", "ok"]
+    row = df[df["status"] == "ok"].iloc[0]
+    k, n = racy_sessions(res)
+    assert (row["corrupted_sessions"], row["sessions"]) == (k, n) and n > 0
+    assert (row["lo"], row["hi"]) == pytest.approx(stats.wilson(k, n))
+    assert fig.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and fig.stat().st_size > 10_000
+    saved = json.loads((out / "sweep.json").read_text())
+    assert {p["id"]: p["status"] for p in saved["points"]} == {good.point.id: "ok", bad.point.id: "failed"}
+
+    # again, with the good point alone: it is done, so nothing runs and its results stay as they were
+    before = (out / "points" / good.point.id / "00_reproduce.results.json").stat().st_mtime_ns
+    again = write(tmp_path, "again.yaml", {"notebook": "00", "grid": {"model.num_pages": [300]}})
+    (o,), _, _ = sweep.sweep(params, again, out=out, workers=1)
+    assert (o.point.id, o.status, o.attempts) == (good.point.id, "skipped", 0)
+    assert (out / "points" / good.point.id / "00_reproduce.results.json").stat().st_mtime_ns == before
+    assert (out / "points" / good.point.id / "run.log").read_text().count("--- attempt") == 1
+
+
+def test_the_same_sweep_as_ray_tasks_brings_every_point_back(tmp_path, capsys):
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False)
+    try:
+        params = write(tmp_path, "p.yaml", TINY)
+        grid = write(tmp_path, "g.yaml", {"notebook": "00", "grid": {"seed": [0, 1]}})
+        out = tmp_path / "ray"
+        outcomes, table, _ = sweep.sweep(params, grid, out=out, ray="auto")
+    finally:
+        ray.shutdown()
+    assert [o.status for o in outcomes] == ["ok", "ok"]
+    assert "Ray dashboard" in capsys.readouterr().out
+    df = pd.read_csv(table)
+    for o in outcomes:
+        point = out / "points" / o.point.id
+        res = json.loads((point / "00_reproduce.results.json").read_text())
+        assert res["status"] == "ok" and res["params"]["seed"] == o.point.values["seed"]
+        assert (point / "00_reproduce.ipynb").stat().st_size > 10_000  # the executed notebook came back
+        row = df[df["point"] == o.point.id].iloc[0]
+        assert (row["corrupted_sessions"], row["sessions"]) == racy_sessions(res)
