@@ -20,10 +20,15 @@ CI = P.ROOT / "params" / "ci.yaml"
 def test_notebook_00_reproduces_the_fingerprint_on_sim(ci_suite):
     res = json.loads((ci_suite / "00_reproduce.results.json").read_text())
     assert res["status"] == "ok" and res["backend"] == "sim"
-    pooled = [c for c in res["fingerprint"] if c["scope"] == "pooled"]
-    assert len(pooled) == 5 and all(c["holds"] for c in pooled), res["fingerprint"]
+    checks = res["fingerprint"]["checks"]
+    pooled = [c for c in checks if c["scope"] == "pooled"]
+    assert len(pooled) == 5 and all(c["holds"] for c in pooled), checks
+    # the pooled corrupting rate results.json promises, equal to the first pooled check
+    fp = res["fingerprint"]
+    assert (fp["corrupted_sessions"], fp["sessions"]) == (pooled[0]["corrupted"], pooled[0]["sessions"])
+    assert 0 <= fp["corrupted_steps"] <= fp["steps"] and fp["step_rate"] == fp["corrupted_steps"] / fp["steps"]
     # the corrupting configuration, bucket by bucket: one row per bucket > 1, adding up to the pool
-    per = [c for c in res["fingerprint"] if c["scope"] == "bucket"]
+    per = [c for c in checks if c["scope"] == "bucket"]
     assert [c["check"].rsplit(" ", 1)[1] for c in per] == [str(b) for b in res["params"]["buckets"] if b > 1]
     assert sum(c["corrupted"] for c in per) == pooled[0]["corrupted"]
     assert sum(c["sessions"] for c in per) == pooled[0]["sessions"]
@@ -123,7 +128,7 @@ def test_notebook_02_graph_vs_eager(ci_suite):
     off, on = res["pooled"]
     assert (off["arm"], on["arm"]) == ("off", "on") and off["sessions"] == on["sessions"] > 0
     for arm in (off, on):  # the pools are the arms' rows at buckets > 1
-        rows = [r for r in res["arms"] if r["arm"] == arm["arm"] and r["bucket"] > 1]
+        rows = [r for r in res["arm_rows"] if r["arm"] == arm["arm"] and r["bucket"] > 1]
         assert arm["corrupted_sessions"] == sum(r["corrupted_sessions"] for r in rows)
         assert arm["sessions"] == sum(r["sessions"] for r in rows)
     # the recorded p is Fisher's exact test on the recorded counts, and the verdict quotes it
@@ -131,7 +136,17 @@ def test_notebook_02_graph_vs_eager(ci_suite):
         "p"
     ]
     assert res["fisher"]["p"] == pytest.approx(p, rel=1e-12) and f"Fisher p = {p:.2g}" in res["verdict"]
-    assert res["gediff_summary"]["comparisons"] == sum(r.get("comparisons", 0) for r in res["arms"])
+    assert res["gediff_summary"]["comparisons"] == sum(r.get("comparisons", 0) for r in res["arm_rows"])
+    # the keys results.json promises: the arms pooled, Fisher's p, the comparisons and divergences
+    assert res["arms"] == {
+        a["arm"]: dict(corrupted_sessions=a["corrupted_sessions"], sessions=a["sessions"]) for a in (off, on)
+    }
+    assert res["fisher_p"] == res["fisher"]["p"] and res["comparisons"] == res["gediff_summary"]["comparisons"]
+    assert 0 <= res["diverged"] <= res["comparisons"]
+    # both effects measured per bucket and arm: the audit's pairs and the side branch's time
+    eff = {(e["arm"], e["bucket"]) for e in res["effects"]}
+    assert eff == {(a, b) for a in ("off", "on") for b in res["params"]["buckets"]}
+    assert all(e["side_ms"] > 0 for e in res["effects"])
     neither, *instruments = res["overhead"]
     assert [r["instrument"] for r in res["overhead"]] == ["neither", "canary", "gediff"]
     assert neither["ratio"] is None and neither["calls"] == 0 and neither["median_ms"] > 0

@@ -61,13 +61,25 @@ class Workload(_Workload):
         return self
 
 
-CI_MODEL = dict(heads=4, dim=32, topk=16, max_ctx=1024, d_model=256, ffn=1024, num_pages=300, vocab=512)
+CI_MODEL = dict(
+    heads=4,
+    dim=128,
+    topk=16,
+    max_ctx=4096,
+    d_model=256,
+    ffn=1024,
+    num_pages=1200,
+    vocab=512,
+    trunk_layers=1,
+    trunk_width=256,
+    indexer_programs=1,
+)
 CI_WORKLOAD = dict(
     sessions=16,
     rounds=2,
     ctx_min=64,
-    ctx_max=768,
-    turn_ctx=64,
+    ctx_max=2048,
+    turn_ctx=1024,
     out_min=4,
     out_max=12,
     think_min=1,
@@ -110,7 +122,7 @@ class Profile(BaseModel):
     seed: int = Field(0, description="workload and replay-timing seed")
     replays: Positive = Field(50, description="timed replays per instrument for the overhead")
     fix_target: float = Field(
-        0.2, gt=0, lt=1, description="the fix's 95% upper bound on its rate must fall below this"
+        0.05, gt=0, lt=1, description="the fix's 95% upper bound on its rate must fall below this"
     )
     timing_replays: int = Field(20, ge=2, description="timed replays per bucket and variant")
     output_dir: str = Field("../outputs/local", description="where results go (the suite sets it)")

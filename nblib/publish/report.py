@@ -171,8 +171,8 @@ def writeup(results, output_dir):
         parts += [
             "## The fingerprint (notebook 00)",
             markdown_table(
-                results["00_reproduce"]["fingerprint"],
-                ["check", "scope", "corrupted", "sessions", "upper95", "holds", "expected"],
+                results["00_reproduce"]["fingerprint"]["checks"],
+                ["check", "scope", "corrupted", "sessions", "upper95", "holds", "expected", "why"],
             ),
         ]
     parts += ["## Figures"] + [f"![{cap}]({f})\n\n*{cap}*" for f, cap in figures(output_dir)]

@@ -38,8 +38,12 @@ def corruption_matrix(
     overlaps=OVERLAPS,
     logits_policy="transient",
     progress=print,
+    window=None,
 ):
-    """Run every configuration; returns (rows, aliases). `model`, `workload`: dicts of config values."""
+    """Run every configuration; returns (rows, aliases). `model`, `workload`: dicts of config values.
+    window: a list to extend with every step replayed in its own bucket's graph with overlap on
+    (index dtype, bucket, the batch's longest and total context, rows, corrupted rows): the data
+    behind the race's window."""
     buckets = check_matrix_args(index_dtypes, modes, overlaps, buckets, logits_policy)
     rows, aliases = [], []
     for dtype in index_dtypes:
@@ -52,6 +56,19 @@ def corruption_matrix(
                     aliases += [dict(index_dtype=dtype, overlap=overlap, **a) for a in runner.aliases()]
                 for b in buckets:
                     r, counts = build.bucket_run(runner, workload, b)
+                    if window is not None and mode == "graph" and overlap == "on":
+                        window += [
+                            dict(
+                                index_dtype=dtype,
+                                bucket=b,
+                                ctx_max=s["ctx_max"],
+                                ctx_sum=s["ctx_sum"],
+                                bs=s["bs"],
+                                bad_rows=s["bad_rows"],
+                            )
+                            for s in r["step_log"]
+                            if s["bucket"] == b
+                        ]
                     rows.append(
                         dict(
                             index_dtype=dtype,
@@ -115,6 +132,7 @@ def fingerprint(rows):
             upper95=hi,
             holds=(k > 0) if expect_bad else (k == 0),
             expected="corrupts" if expect_bad else "clean",
+            why="" if expect_bad else CLEAN_WHY.get(name, ""),
         )
 
     def racy(r):
@@ -137,6 +155,63 @@ def fingerprint(rows):
         for b in sorted({r["bucket"] for r in rows if racy(r) and r["bucket"] > 1})
     ]
     return pooled + per_bucket
+
+
+CLEAN_WHY = {
+    "eager": "by construction: eager decode never forks a stream",
+    "overlap off": "by construction: without the overlap nothing runs on a second stream",
+    "fp8": "by the audit: the fp8 indexer allocates its logits on the side stream itself, so no "
+    "main-stream block is handed across (notebook 03's audit finds no race)",
+    "bucket 1": "by measurement: the fork and the freed block exist, but at one request the side "
+    "branch ends long before the main branch's first write into the reused bytes",
+}
+
+
+def corrupting(rows, min_bucket=2):
+    """The corrupting configuration (bf16, graph, overlap on) pooled over buckets >= min_bucket:
+    sessions and steps, their rates, and the buckets that corrupted at all."""
+    sel = [
+        r
+        for r in rows
+        if r["index_dtype"] == "bf16"
+        and r["mode"] == "graph"
+        and r["overlap"] == "on"
+        and r["bucket"] >= min_bucket
+    ]
+    k, n = sum(r["corrupted_sessions"] for r in sel), sum(r["sessions"] for r in sel)
+    ks, ns = sum(r["corrupted_steps"] for r in sel), sum(r["steps"] for r in sel)
+    return dict(
+        corrupted_sessions=k,
+        sessions=n,
+        session_rate=k / n if n else 0.0,
+        corrupted_steps=ks,
+        steps=ns,
+        step_rate=ks / ns if ns else 0.0,
+        buckets=[r["bucket"] for r in sel],
+        buckets_corrupting=[r["bucket"] for r in sel if r["corrupted_sessions"]],
+    )
+
+
+def window_table(steps, bins=6):
+    """Per bucket that corrupted: steps binned by the batch's longest context, the share corrupted
+    in each bin; and per bucket the shortest longest-context that corrupted and the longest that
+    did not (the window's edge, if the contexts decide it)."""
+    out = []
+    for b in sorted({s["bucket"] for s in steps}):
+        sel = [s for s in steps if s["bucket"] == b and s["index_dtype"] == "bf16"]
+        bad = [s["ctx_max"] for s in sel if s["bad_rows"]]
+        ok = [s["ctx_max"] for s in sel if not s["bad_rows"]]
+        out.append(
+            dict(
+                bucket=b,
+                steps=len(sel),
+                corrupted_steps=len(bad),
+                shortest_corrupted=min(bad) if bad else None,
+                longest_clean=max(ok) if ok else None,
+                clean_above_shortest_corrupted=sum(1 for c in ok if bad and c >= min(bad)),
+            )
+        )
+    return out
 
 
 def verdict(fp, rows):

@@ -82,6 +82,15 @@ class SimGraph:
     def reset(self):
         self.nodes, self.syncs, self._ready = [], [], False
 
+    def expected_seconds(self):
+        """The replay's span under the timing model without jitter: when its last node ends, in
+        simulated seconds, for this replay's inputs (data-dependent kernels included)."""
+        tm = self.dev.timing
+        dur = tm.seconds(self._nbytes)
+        for i, cost in self._costs:
+            dur[i] = cost(tm)
+        return max(schedule(self._deps, dur.tolist()).ends, default=0.0)
+
     def replay(self):
         if not self._ready:
             raise RuntimeError("replay of a graph that was not captured successfully")
