@@ -184,7 +184,12 @@ def test_the_audit_does_not_perturb_the_capture():
                 out = fn()
         ids = {}  # addresses by first appearance: the same sharing of bytes
         nodes = [
-            (n.op, n.stream.name, n.deps, [(ids.setdefault(a, len(ids)), b, c) for a, b, c, _ in n.accesses])
+            (
+                n.op,
+                n.stream.name,
+                n.deps,
+                [(ids.setdefault(a.addr, len(ids)), a.nbytes, a.kind) for a in n.accesses],
+            )
             for n in g.nodes
         ]
         res = []

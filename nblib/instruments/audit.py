@@ -24,6 +24,8 @@ import traceback
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+import numpy as np
+
 from nblib.instruments import trace as T
 from nblib.instruments.trace import site  # noqa: F401  (part of this module's API)
 
@@ -185,6 +187,34 @@ class _Span(NamedTuple):
     access: T.Access
 
 
+MAX_EXACT = 1 << 22  # elements: larger strided views are compared by extent (may over-report)
+
+
+def _element_starts(a):
+    """Sorted byte addresses of an access's elements and the bytes each covers."""
+    if a.layout is None:
+        return np.array([a.addr], dtype=np.int64), a.nbytes
+    shape, stride, size = a.layout
+    starts = np.zeros(1, dtype=np.int64)
+    for n, st in zip(shape, stride):
+        starts = (starts[:, None] + np.arange(n, dtype=np.int64) * (st * size)).ravel()
+    return np.sort(a.addr + starts), size
+
+
+def share_bytes(a, b):
+    """Whether two accesses whose extents overlap touch a common byte: exact for strided views
+    (interleaved columns share an extent and no byte)."""
+    if a.layout is None and b.layout is None:
+        return True
+    if any(x.layout is not None and np.prod(x.layout[0]) > MAX_EXACT for x in (a, b)):
+        return True
+    sa, na = _element_starts(a)
+    sb, nb = _element_starts(b)
+    j = np.searchsorted(sb, sa + na) - 1  # the last element of b starting before each a ends
+    ok = j >= 0
+    return bool(np.any(sb[j[ok]] + nb > sa[ok]))
+
+
 def races(tr):
     """Every racing access pair of one trace, merged per (op pair, allocation pair, kind)."""
     happens_before(tr)
@@ -198,7 +228,7 @@ def races(tr):
             if x.op is y.op or x.op.stream == y.op.stream or not (x.access.writes or y.access.writes):
                 continue
             f, s = sorted((x, y), key=lambda p: p.op.index)
-            if ordered(f.op, s.op):
+            if ordered(f.op, s.op) or not share_bytes(x.access, y.access):
                 continue
             kind = _kind(f.access, s.access)
             key = (f.op.index, s.op.index, id(f.access.alloc), id(s.access.alloc), kind)
