@@ -549,11 +549,12 @@ class Row:
         return d
 
 
-def capture_all(dev, fns):
-    """Capture each fn into its own graph, one shared pool; returns [(graph, outputs)]."""
+def capture_all(dev, fns, keep_graph=False):
+    """Capture each fn into its own graph, one shared pool; returns [(graph, outputs)].
+    keep_graph: keep CUDA's graph readable after capture (for audit_graph's cross-check)."""
     pool, out = dev.graph_pool_handle(), []
     for fn in fns:
-        g = dev.CUDAGraph()
+        g = dev.CUDAGraph(keep_graph=keep_graph)
         with dev.graph(g, pool=pool):
             res = fn()
         out.append((g, res))
@@ -564,7 +565,7 @@ def _error(e):
     return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
 
 
-def run_one(dev, c, racy):
+def run_one(dev, c, racy, keep_graph=False):
     """One scenario, plainly and audited, each from a fresh build."""
     row = Row(c.name, "race" if racy else "twin", c.covers, dev.name, "race" if racy else "clean")
     try:
@@ -574,7 +575,7 @@ def run_one(dev, c, racy):
         row.plain_error = _error(e)
     try:
         with audit.recording(dev) as rec:
-            row.graphs = capture_all(dev, c.build(dev, racy))
+            row.graphs = capture_all(dev, c.build(dev, racy), keep_graph)
         rep = rec.report()
         for g, _ in row.graphs:
             g.replay()
@@ -589,10 +590,10 @@ def run_one(dev, c, racy):
     return row
 
 
-def run(dev, cases=None):
+def run(dev, cases=None, keep_graph=False):
     """Every case (or those named), race and twin."""
     chosen = [c for c in CASES if cases is None or c.name in cases]
-    return [run_one(dev, c, racy) for c in chosen for racy in (True, False)]
+    return [run_one(dev, c, racy, keep_graph) for c in chosen for racy in (True, False)]
 
 
 def summary(rows):

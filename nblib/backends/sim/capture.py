@@ -86,7 +86,9 @@ class Capture:
         arena = dev.arena
         stream = dev._cur
         if self.invalid is not None:
-            raise violation(dev, "invalidated", f"{func} after the capture broke ({self.invalid})")
+            raise violation(
+                dev, "invalidated", f"{func} after the capture broke ({self.invalid})", self.invalid
+            )
         if stream is dev.default_stream:
             raise violation(dev, "legacy", f"{func} on the default stream while capturing")
         if stream not in self.frontier:

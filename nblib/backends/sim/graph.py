@@ -10,7 +10,7 @@ import numpy as np
 
 from nblib.backends.sim.capture import Capture, CaptureMode
 from nblib.backends.sim.ops import warm_up_dispatch_modes
-from nblib.backends.sim.rules import SimCaptureError, violation
+from nblib.backends.sim.rules import Broken, SimCaptureError, violation
 from nblib.backends.sim.timing import schedule
 
 
@@ -50,7 +50,9 @@ class SimGraph:
             )
         cap = self._finish()
         if cap.invalid is not None:
-            raise violation(dev, "invalidated", f"capture_end after the capture broke ({cap.invalid})")
+            raise violation(
+                dev, "invalidated", f"capture_end after the capture broke ({cap.invalid})", cap.invalid
+            )
         end = cap.frontier[cap.stream]
         seen, todo = set(), list(end)
         while todo:
@@ -165,4 +167,4 @@ class GraphCtx:
 def _destroyed(dev):
     """A captured graph died (CUDA: cudaGraphExecDestroy). Inside another capture that breaks it."""
     if dev._cap is not None and dev._cap.invalid is None:
-        dev._cap.invalid = "graph_destroyed: a captured graph was destroyed while capturing"
+        dev._cap.invalid = Broken("graph_destroyed", "a captured graph was destroyed while capturing")

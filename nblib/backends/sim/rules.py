@@ -48,8 +48,8 @@ RULES = {
         ),
         Rule(
             "merge",
-            "cudaErrorStreamCaptureIsolation",
-            "dependency created on uncaptured work in another stream",
+            "cudaErrorStreamCaptureMerge",
+            "operation would result in a merge of separate capture sequences",
             "a capturing stream may not wait on an event recorded in another capture",
         ),
         Rule(
@@ -107,18 +107,39 @@ RULES = {
 }
 
 
+# torch's message for each CUDA error -> the rule; the first rule listed wins a shared text
+CUDA_TEXTS = {}
+for _r in RULES.values():
+    if _r.cuda_text:
+        CUDA_TEXTS.setdefault(_r.cuda_text, _r.name)
+
+
 class SimCaptureError(RuntimeError):
-    """Raised where CUDA would refuse the call or invalidate the capture; .rule names the Rule."""
+    """Raised where CUDA would refuse the call or invalidate the capture; .rule names the Rule and,
+    for an invalidated capture, .cause the rule whose breaking invalidated it."""
 
-    def __init__(self, message, rule=None):
+    def __init__(self, message, rule=None, cause=None):
         super().__init__(message)
-        self.rule = rule
+        self.rule, self.cause = rule, cause
 
 
-def violation(dev, name, detail):
-    """The error for breaking rule `name`; the capture underway (if any) is invalidated by it."""
+class Broken(NamedTuple):
+    """Why a capture is invalid: the rule broken and where."""
+
+    rule: str
+    detail: str
+
+    def __str__(self):
+        return f"{self.rule}: {self.detail}"
+
+
+def violation(dev, name, detail, cause=None):
+    """The error for breaking rule `name`; the capture underway (if any) is invalidated by it.
+    `cause`: for "invalidated", the Broken record of the earlier violation."""
     rule = RULES[name]
     cap = dev._cap
     if cap is not None and cap.invalid is None and name != "invalidated":
-        cap.invalid = f"{name}: {detail}"
-    return SimCaptureError(f"{detail}: {rule.says} ({rule.cuda_error})", rule=name)
+        cap.invalid = Broken(name, detail)
+    return SimCaptureError(
+        f"{detail}: {rule.says} ({rule.cuda_error})", rule=name, cause=cause.rule if cause else None
+    )
