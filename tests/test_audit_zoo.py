@@ -4,6 +4,7 @@ cross-check against the graph, and the root cause of the broken captures seen on
 
 import contextlib
 import gc
+import json
 import os
 import subprocess
 import sys
@@ -91,6 +92,15 @@ def test_the_cross_check_agrees_with_the_audit_on_the_zoo(sim_rows):
             cc = audit_graph.crosscheck(tr, hz, audit_graph.read_graph(g))
             assert cc.agree, (r.case, r.variant, cc.row(), cc.missed, cc.contradicted, cc.lacking)
             assert len(cc.confirmed) == len({(h.first.index, h.second.index) for h in hz})
+
+
+def test_the_cross_check_of_one_audited_capture():
+    dev = SimDevice(seed=1)
+    [case] = [c for c in audit_zoo.CASES if c.name == "reuse_free_before_join"]
+    rep = audit.audit_capture(case.build(dev, True)[0], device=dev, keep_graph=True)
+    [cc] = audit_graph.check(rep)
+    assert cc.agree and len(cc.confirmed) == 1 and cc.nodes == len(rep.graph.nodes)
+    assert cc.row()["confirmed"] == 1 and cc.row()["agree"]
 
 
 def test_the_cross_check_can_disagree(sim_rows):
@@ -284,3 +294,28 @@ def test_parity_cases_on_cuda_fail_as_the_rules_say_and_leave_no_sticky_state():
         elif r.rule != "uncaptured_stream":  # CUDA runs that work eagerly, outside the graph
             assert r.outcome == "error" and r.named_rule == r.rule, r
         assert r.captures_again, r
+
+
+def test_the_gpu_script_runs_end_to_end_on_the_simulator(tmp_path):
+    """scripts/gpu_audit_zoo.py --backend sim: the device run's script, dry, on the CPU; and the
+    CUDA run refuses in one line where there is no GPU."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(ROOT)
+    script = str(ROOT / "scripts" / "gpu_audit_zoo.py")
+    run = dict(capture_output=True, text=True, cwd=ROOT, env=env, timeout=600)
+    if not torch.cuda.is_available():
+        p = subprocess.run([sys.executable, script, str(tmp_path / "x")], check=False, **run)
+        assert p.returncode != 0 and p.stderr.strip().splitlines() == [
+            "no CUDA GPU here: run this on the H200, or pass --backend sim for a dry run on the CPU"
+        ]
+    p = subprocess.run([sys.executable, script, str(tmp_path), "--backend", "sim"], check=False, **run)
+    assert p.returncode == 0, p.stderr[-3000:]
+    res = json.loads((tmp_path / "results.json").read_text())
+    assert len(res["zoo"]) == 2 * len(audit_zoo.CASES) and all(
+        r["right"] and r["graph_agrees"] for r in res["zoo"]
+    )
+    assert res["summary"]["false_alarms"] == 0 and res["summary"]["graph_agrees"] == len(res["zoo"])
+    assert len(res["parity"]) == len(audit_parity.CASES) and all(r["same"] for r in res["parity"])
+    assert [m.get("hazards", 0) > 0 for m in res["model_audit"]] == [True, False, False], res["model_audit"]
+    assert all(r["later_capture"] == "ok" for r in res["rootcause"].values()), res["rootcause"]
+    assert (tmp_path / "README.md").read_text().startswith("# The capture audit on CUDA")

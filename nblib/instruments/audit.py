@@ -369,13 +369,14 @@ def audit(traces, names=None):
     return rep
 
 
-def audit_capture(fn, *args, device, pool=None, names=None, label=None, **kwargs):
+def audit_capture(fn, *args, device, pool=None, names=None, label=None, keep_graph=False, **kwargs):
     """Capture fn(*args, **kwargs) on `device` into a new graph and audit it. The report carries
-    the graph (report.graph) and what fn returned (report.result). If fn raises, nothing is left
+    the graph (report.graph) and what fn returned (report.result); keep_graph=True keeps CUDA's
+    graph readable for nblib.instruments.audit_graph's cross-check. If fn raises, nothing is left
     capturing, the current stream is restored, and AuditCaptureError names the user's line, the op,
     and the capture rule it broke (if it broke one)."""
     dev = device
-    g = dev.CUDAGraph()
+    g = dev.CUDAGraph(keep_graph=keep_graph)
     prev = dev.current_stream()
     rec = recording(dev)
     # warnings raised inside the capture (torch's CUDA warnings from destructors) help name the rule

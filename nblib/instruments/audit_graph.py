@@ -1,8 +1,11 @@
 """Cross-check the audit against the graph that was actually built.
 
+    rep = audit.audit_capture(fn, device=dev, keep_graph=True)
+    [cc] = audit_graph.check(rep, [rep.graph])          # one CrossCheck per audited capture
+    cc.agree, cc.row(), cc.missed
+
     raw = audit_graph.read_graph(g)                     # CUDA (keep_graph=True) or the simulator
     cc = audit_graph.crosscheck(trace, hazards, raw)    # one capture's trace and its hazards
-    cc.agree, cc.rows()
 
 The audit orders ops with vector clocks computed from the syncs it saw; the graph orders its nodes
 by the edges CUDA built. Here each audited op is tied to its graph node(s) through the device
@@ -280,6 +283,17 @@ class CrossCheck:
             unclaimed=len(self.unclaimed),
             agree=self.agree,
         )
+
+
+def check(report, graphs=None):
+    """A CrossCheck per audited capture of an audit Report; `graphs` in the traces' order (the
+    simulator's traces carry theirs; CUDA graphs must be made with keep_graph=True)."""
+    graphs = graphs if graphs is not None else [t.graph for t in report.traces]
+    out = []
+    for tr, g in zip(report.traces, graphs):
+        hz = [h for h in report.hazards if h.label is tr.label]
+        out.append(crosscheck(tr, hz, read_graph(g)))
+    return out
 
 
 def _touches(node, op):
