@@ -73,7 +73,13 @@ def child_rootcause(backend, fixed):
             x * 2
         return weakref.ref(g)
 
-    ref = first()
+    try:
+        ref = first()
+    except Exception as e:
+        out["first_capture"] = f"{type(e).__name__}: {str(e).strip().splitlines()[0]}"
+        print(json.dumps(out), flush=True)
+        return
+    out["first_capture"] = "ok"
     out["graph_outlived_its_references"] = ref() is not None
     gc.enable()
     with warnings.catch_warnings(record=True) as caught:

@@ -175,22 +175,42 @@ class _Driver:
             raise GraphReadError(f"{name} returned {rc} ({(s.value or b'?').decode()})")
 
 
+def _pointer(handle):
+    """A cudaGraph_t as torch hands it over: an int, or a PyCapsule."""
+    if isinstance(handle, int):
+        return handle
+    get = ctypes.pythonapi.PyCapsule_GetPointer
+    get.restype, get.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+    return get(handle, None)
+
+
 def from_cuda(handle):
     """The graph behind a cudaGraph_t (torch: CUDAGraph(keep_graph=True).raw_cuda_graph())."""
     cu = _Driver()
-    graph = ctypes.c_void_p(handle)
+    graph = ctypes.c_void_p(_pointer(handle))
     n = ctypes.c_size_t(0)
     cu("cuGraphGetNodes", graph, None, ctypes.byref(n))
     handles = (ctypes.c_void_p * n.value)()
     cu("cuGraphGetNodes", graph, handles, ctypes.byref(n))
     index = {h: i for i, h in enumerate(handles)}
     nodes = [_read_node(cu, i, ctypes.c_void_p(h)) for i, h in enumerate(handles)]
-    m = ctypes.c_size_t(0)
-    cu("cuGraphGetEdges", graph, None, None, ctypes.byref(m))
-    src, dst = (ctypes.c_void_p * m.value)(), (ctypes.c_void_p * m.value)()
-    cu("cuGraphGetEdges", graph, src, dst, ctypes.byref(m))
-    edges = [(index[a], index[b]) for a, b in zip(src, dst)]
+    edges = [(index[a], index[b]) for a, b in _edges(cu, graph)]
     return RawGraph(nodes, edges, "CUDA driver (libcuda via ctypes)")
+
+
+def _edges(cu, graph):
+    """cuGraphGetEdges; where it refuses (edges with data: CUDA_ERROR_LOSSY_QUERY), its _v2."""
+    for name, extra in (("cuGraphGetEdges", ()), ("cuGraphGetEdges_v2", (None,))):
+        try:
+            m = ctypes.c_size_t(0)
+            cu(name, graph, None, None, *extra, ctypes.byref(m))
+            src, dst = (ctypes.c_void_p * m.value)(), (ctypes.c_void_p * m.value)()
+            cu(name, graph, src, dst, *extra, ctypes.byref(m))
+            return list(zip(src, dst))
+        except GraphReadError:
+            if name.endswith("_v2"):
+                raise
+    return []
 
 
 def _read_node(cu, i, h):
@@ -267,6 +287,7 @@ class CrossCheck:
     missed: list = field(default_factory=list)
     lacking: list = field(default_factory=list)
     unclaimed: list = field(default_factory=list)
+    topological: bool = True  # the nodes came in an order every edge respects (capture order)
 
     @property
     def agree(self):
@@ -281,6 +302,7 @@ class CrossCheck:
             missed=len(self.missed),
             lacking=len(self.lacking),
             unclaimed=len(self.unclaimed),
+            topological=self.topological,
             agree=self.agree,
         )
 
@@ -334,6 +356,7 @@ def crosscheck(trace, hazards, raw):
     nodes_of, unclaimed = match(ops, raw)
     anc = raw.ancestors()
     cc = CrossCheck(raw.source, len(raw.nodes), unclaimed=unclaimed)
+    cc.topological = all(a < b for a, b in raw.edges)
     cc.lacking = [f"{op.name} (op {op.index}) on {op.stream}" for op in ops if not nodes_of.get(op.index)]
     flagged = {(h.first.index, h.second.index) for h in hazards}
     for a, b, kind in _conflicts(ops):

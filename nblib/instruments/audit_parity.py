@@ -11,6 +11,9 @@ scripts/gpu_audit_zoo.py runs the cases on the H200; the table puts both columns
 
 import contextlib
 import gc
+import os
+import sys
+import tempfile
 import warnings
 from dataclasses import dataclass
 
@@ -208,17 +211,17 @@ def end_on_another_stream(dev):
 def a_graph_destroyed_while_capturing(dev):
     """An earlier graph kept alive only by a reference cycle; the collector runs inside a capture."""
     x = _x(dev)
-    old = _capture(dev, lambda: x.mul_(2))
-    cycle = [old]
-    cycle.append(cycle)
-    del old, cycle
     was = gc.isenabled()
-    gc.enable()
+    gc.disable()  # the collector runs inside the capture below, not before it
     try:
+        old = _capture(dev, lambda: x.mul_(2))
+        cycle = [old]
+        cycle.append(cycle)
+        del old, cycle
         _capture(dev, lambda: (x.add_(1), gc.collect()))
     finally:
-        if not was:
-            gc.disable()
+        if was:
+            gc.enable()
 
 
 @case("legal")
@@ -271,22 +274,49 @@ def probe(dev):
     return bool(torch.equal(z, x * 2 + 1))
 
 
+@contextlib.contextmanager
+def stderr_lines():
+    """The lines written to file descriptor 2 meanwhile: torch's C++ warnings (a destructor's
+    "operation not permitted when stream is capturing (function reset)") bypass Python's."""
+    lines = []
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile(mode="w+") as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield lines
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            lines.extend(x.strip() for x in tmp.read().splitlines() if x.strip())
+
+
+def _first_line(e):
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0] if text else ''}"[:300]
+
+
 def run_one(dev, c):
     row = Row(c.name, c.rule, dev.name, "ok")
     prev = dev.current_stream()
-    with warnings.catch_warnings(record=True) as caught:
+    failure = None
+    with stderr_lines() as err, warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
             c.run(dev)
         except Exception as e:
-            row.outcome = "error"
-            row.error = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"[
-                :300
-            ]
-            row.named_rule = audit.rule_of(e, [str(w.message) for w in caught]) or ""
+            row.outcome, row.error, failure = "error", _first_line(e), e
         finally:
             audit.restore_stream(dev, prev)
-    row.warnings = " | ".join(str(w.message).splitlines()[0][:200] for w in caught)
+    warned = [str(w.message).splitlines()[0] for w in caught] + err
+    if failure is not None:
+        row.named_rule = audit.rule_of(failure, warned) or ""
+    # drop the error now: its traceback holds this frame, which holds it (a cycle), and the case's
+    # frames, whose graphs would then wait for the collector, which may run inside a later capture
+    failure = None
+    row.warnings = " | ".join(w[:200] for w in warned)
     try:
         row.captures_again = probe(dev)
     except Exception as e:

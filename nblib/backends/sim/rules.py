@@ -95,7 +95,8 @@ RULES = {
             "invalidated",
             "cudaErrorStreamCaptureInvalidated",
             "operation failed due to a previous error during capture",
-            "an earlier call broke this capture",
+            "an earlier call broke this capture (if no call of yours failed first, a destructor did: "
+            "e.g. a CUDA graph freed by the garbage collector inside the capture)",
         ),
         Rule(
             "unsupported_op",
