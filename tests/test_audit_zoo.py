@@ -152,9 +152,12 @@ def test_a_caught_violation_still_fails_the_capture_at_its_end():
     assert err.value.rule == "invalidated" and err.value.cause == "sync"
 
 
-def test_audit_capture_names_the_users_line_and_the_rule_then_captures_again():
-    dev = SimDevice()
-    x, side = torch.ones(64), dev.Stream()
+@pytest.mark.parametrize("backend", ["sim", pytest.param("cuda", marks=[pytest.mark.gpu, gpu])])
+def test_audit_capture_names_the_users_line_and_the_rule_then_captures_again(backend):
+    from nblib.backends.device import get
+
+    dev = get(backend)
+    x, side = torch.ones(64, device=dev.torch_device), dev.Stream()
 
     def leaves_a_side_stream():
         side.wait_stream(dev.current_stream())
@@ -173,6 +176,7 @@ def test_audit_capture_names_the_users_line_and_the_rule_then_captures_again():
     assert "test_audit_zoo.py" in msg and "in syncs" in msg and "rule sync" in msg, msg
     rep = audit.audit_capture(lambda: x * 3, device=dev)
     rep.graph.replay()
+    dev.synchronize()
     assert rep.ok and torch.equal(rep.result, x * 3)
 
 
