@@ -184,7 +184,12 @@ def test_the_audit_does_not_perturb_the_capture():
                 out = fn()
         ids = {}  # addresses by first appearance: the same sharing of bytes
         nodes = [
-            (n.op, n.stream.name, n.deps, [(ids.setdefault(a, len(ids)), b, c) for a, b, c, _ in n.accesses])
+            (
+                n.op,
+                n.stream.name,
+                n.deps,
+                [(ids.setdefault(a.addr, len(ids)), a.nbytes, a.kind) for a in n.accesses],
+            )
             for n in g.nodes
         ]
         res = []
@@ -455,12 +460,27 @@ def test_cuda_sanitizer_cannot_tell_the_race_from_the_fixes():
     sees joined. The audit (test_cuda_model_configurations) separates all three."""
     from nblib.instruments import csan
 
-    runs = {r["logits_policy"]: r for r in csan.compare(GPU_MODEL, [2, 32, 64])}
+    # three children, each within 150 s: the whole comparison fits one device call (10 minutes)
+    runs = {r["logits_policy"]: r for r in csan.compare(GPU_MODEL, [2, 32, 64], timeout=150)}
     assert all(r["control"]["reported"] for r in runs.values()), runs
     for p in ("transient", "record_stream"):
         assert csan.kernels(runs[p]["errors"][0]) == ("csi::indexer_logits_bf16", "aten::empty.memory_format")
     assert runs["persistent"]["errors"], runs["persistent"]
     assert csan.describe(list(runs.values())).startswith("CSAN gives the bug and the fixes the same verdict")
+
+
+def test_a_csan_child_past_its_time_limit_fails_in_one_line(monkeypatch):
+    import subprocess
+
+    from nblib.instruments import csan
+
+    def too_slow(cmd, timeout, **_):
+        raise subprocess.TimeoutExpired(cmd, timeout)
+
+    monkeypatch.setattr(csan.device, "get", lambda name: None)
+    monkeypatch.setattr(subprocess, "run", too_slow)
+    with pytest.raises(RuntimeError, match=r"CSAN child process ran past 7 s \(transient, buckets \[2\]\)"):
+        csan.compare(TINY, [2], timeout=7)
 
 
 def test_csan_without_a_gpu_fails_in_one_line_before_starting_a_child(monkeypatch):

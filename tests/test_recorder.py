@@ -132,3 +132,18 @@ def test_cuda_recording_of_a_raising_capture_restores_the_originals_and_captures
     rep.graph.replay()
     torch.cuda.synchronize()
     assert rep.ok and torch.equal(rep.result, x * 3)
+
+
+def test_a_patched_inherited_name_is_removed_again():
+    class Base:
+        def f(self):
+            return "base"
+
+    class Child(Base):
+        pass
+
+    rec = trace.Recording(types.SimpleNamespace(name="sim"))
+    rec._patch(Child, "f", lambda self: "patched")
+    assert Child().f() == "patched"
+    rec._restore()
+    assert "f" not in Child.__dict__ and Child().f() == "base"

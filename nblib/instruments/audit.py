@@ -21,9 +21,14 @@ same with or without it.
 import os
 import time
 import traceback
+import warnings
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+import numpy as np
+import torch
+
+from nblib.backends.sim.rules import CUDA_TEXTS, RULES, SimCaptureError
 from nblib.instruments import trace as T
 from nblib.instruments.trace import site  # noqa: F401  (part of this module's API)
 
@@ -185,6 +190,34 @@ class _Span(NamedTuple):
     access: T.Access
 
 
+MAX_EXACT = 1 << 22  # elements: larger strided views are compared by extent (may over-report)
+
+
+def _element_starts(a):
+    """Sorted byte addresses of an access's elements and the bytes each covers."""
+    if a.layout is None:
+        return np.array([a.addr], dtype=np.int64), a.nbytes
+    shape, stride, size = a.layout
+    starts = np.zeros(1, dtype=np.int64)
+    for n, st in zip(shape, stride):
+        starts = (starts[:, None] + np.arange(n, dtype=np.int64) * (st * size)).ravel()
+    return np.sort(a.addr + starts), size
+
+
+def share_bytes(a, b):
+    """Whether two accesses whose extents overlap touch a common byte: exact for strided views
+    (interleaved columns share an extent and no byte)."""
+    if a.layout is None and b.layout is None:
+        return True
+    if any(x.layout is not None and np.prod(x.layout[0]) > MAX_EXACT for x in (a, b)):
+        return True
+    sa, na = _element_starts(a)
+    sb, nb = _element_starts(b)
+    j = np.searchsorted(sb, sa + na) - 1  # the last element of b starting before each a ends
+    ok = j >= 0
+    return bool(np.any(sb[j[ok]] + nb > sa[ok]))
+
+
 def races(tr):
     """Every racing access pair of one trace, merged per (op pair, allocation pair, kind)."""
     happens_before(tr)
@@ -198,7 +231,7 @@ def races(tr):
             if x.op is y.op or x.op.stream == y.op.stream or not (x.access.writes or y.access.writes):
                 continue
             f, s = sorted((x, y), key=lambda p: p.op.index)
-            if ordered(f.op, s.op):
+            if ordered(f.op, s.op) or not share_bytes(x.access, y.access):
                 continue
             kind = _kind(f.access, s.access)
             key = (f.op.index, s.op.index, id(f.access.alloc), id(s.access.alloc), kind)
@@ -336,41 +369,93 @@ def audit(traces, names=None):
     return rep
 
 
-def audit_capture(fn, *args, device, pool=None, names=None, label=None, **kwargs):
+def audit_capture(fn, *args, device, pool=None, names=None, label=None, keep_graph=False, **kwargs):
     """Capture fn(*args, **kwargs) on `device` into a new graph and audit it. The report carries
-    the graph (report.graph) and what fn returned (report.result). If fn raises, nothing is left
-    capturing, the current stream is restored, and AuditCaptureError names the op (or the line)."""
+    the graph (report.graph) and what fn returned (report.result); keep_graph=True keeps CUDA's
+    graph readable for nblib.instruments.audit_graph's cross-check. If fn raises, nothing is left
+    capturing, the current stream is restored, and AuditCaptureError names the user's line, the op,
+    and the capture rule it broke (if it broke one)."""
     dev = device
-    g = dev.CUDAGraph()
+    g = dev.CUDAGraph(keep_graph=keep_graph)
     prev = dev.current_stream()
     rec = recording(dev)
-    with rec:
+    # warnings raised inside the capture (torch's CUDA warnings from destructors) help name the rule
+    with rec, warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         try:
             with rec(**(label or {})), dev.graph(g, pool=pool):
                 result = fn(*args, **kwargs)
         except Exception as e:
-            raise AuditCaptureError(_failure(fn, e)) from e
+            raise AuditCaptureError(_failure(fn, e, [str(w.message) for w in caught])) from e
         finally:
-            _restore_stream(dev, prev)
+            restore_stream(dev, prev)
+    for w in caught:  # passed on, now that the capture is over
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     report = rec.report(names=names)
     report.result, report.graph = result, g
     return report
 
 
-def _failure(fn, e):
+def _chain(e):
+    """An error and the errors it was raised during, outermost first."""
+    out = []
+    while e is not None and all(e is not x for x in out):
+        out.append(e)
+        e = e.__cause__ or e.__context__
+    return out
+
+
+def _rule_of_one(e):
+    if isinstance(e, SimCaptureError):
+        return e.rule
+    text = str(e)
+    for cuda_text, rule in CUDA_TEXTS.items():
+        if cuda_text in text:
+            if rule == "sync" and any(f.name == "query" for f in traceback.extract_tb(e.__traceback__)):
+                return "query"
+            return rule
+    return None
+
+
+def rule_of(e, warned=()):
+    """The capture rule an error broke, or None: the first error of the chain that names one (a
+    capture invalidated earlier fails later with 'a previous error', which names none), else a
+    warning torch gave meanwhile (destroying a graph inside a capture only warns)."""
+    rules = [_rule_of_one(x) for x in reversed(_chain(e))]  # the first error first
+    for x, r in zip(reversed(_chain(e)), rules):
+        if r == "invalidated" and getattr(x, "cause", None):
+            return x.cause
+        if r is not None and r != "invalidated":
+            return r
+    if any(RULES["graph_destroyed"].cuda_text in w and "reset" in w for w in warned):
+        return "graph_destroyed"
+    return next((r for r in rules if r), None)
+
+
+def _failure(fn, e, warned=()):
     name = getattr(fn, "__qualname__", None) or repr(fn)
+    chain = _chain(e)
+    root = chain[-1]
     where = ""
-    frames = [f for f in traceback.extract_tb(e.__traceback__) if not T.skip(f.filename)]
+    frames = [f for f in traceback.extract_tb(root.__traceback__) if not T.skip(f.filename)]
     if frames:
         f = frames[-1]
         where = f" at {os.path.basename(f.filename)}:{f.lineno} in {f.name}"
-    notes = " ".join(getattr(e, "__notes__", []))
-    return f"capturing {name} failed{where}: {type(e).__name__}: {e}" + (f" {notes}" if notes else "")
+    notes = " ".join(getattr(root, "__notes__", []))
+    msg = f"capturing {name} failed{where}: {type(root).__name__}: {root}" + (f" {notes}" if notes else "")
+    if root is not e:
+        msg += f"; then {type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+    rule = rule_of(e, warned)
+    if rule is not None and rule in RULES:
+        r = RULES[rule]
+        msg += f" [rule {rule}: {r.says} ({r.cuda_error})]"
+    return msg
 
 
-def _restore_stream(dev, prev):
+def restore_stream(dev, prev):
+    """Make `prev` the current stream again (torch.cuda.graph skips this when capture_end raises)."""
     if dev.name == "cuda":
-        import torch
-
-        if torch.cuda.current_stream() != prev:  # torch.cuda.graph skips this when capture_end raises
+        if torch.cuda.current_stream() != prev:
             torch.cuda.set_stream(prev)
+    else:
+        dev._cur = prev

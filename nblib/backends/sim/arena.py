@@ -84,6 +84,14 @@ class Arena:
         return self.find(t.untyped_storage().data_ptr()) is not None
 
 
+def layout(t):
+    """(shape, stride, itemsize) of a tensor whose elements leave gaps in its extent (a strided
+    view), None for a dense one: the audit compares gapped accesses element by element."""
+    if t.numel() == 0 or extent(t) == t.numel() * t.element_size():
+        return None
+    return tuple(t.shape), tuple(t.stride()), t.element_size()
+
+
 def extent(t):
     """Bytes from t's first element to one past its last, over its strides."""
     if t.numel() == 0:

@@ -12,9 +12,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from nblib.backends.sim.allocator import stream_name
-from nblib.backends.sim.arena import extent
+from nblib.backends.sim.arena import extent, layout
 from nblib.backends.sim.ops import FORBIDDEN, arg, mutated_args, op_info, to_meta
-from nblib.backends.sim.rules import SimCaptureError
+from nblib.backends.sim.rules import SimCaptureError, violation
 
 _PACKAGE = os.path.dirname(os.path.abspath(__file__))
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
@@ -42,6 +42,7 @@ class NodeAccess(NamedTuple):
     nbytes: int
     kind: str  # "r" | "w"
     what: str  # the argument: "arg2", "out0", ...
+    layout: tuple = None  # (shape, stride, itemsize) of a strided view with gaps, else None
 
 
 class Node:
@@ -78,15 +79,24 @@ class Capture:
         self.frontier = {stream: ()}  # stream -> node indices its next node depends on
         self.nodes = []
         self.syncs = []  # Sync records, in program order
+        self.invalid = None  # why the capture is broken (a rule was broken), or None
 
     def record(self, func, info, args, kwargs):
         dev = self.dev
         arena = dev.arena
         stream = dev._cur
+        if self.invalid is not None:
+            raise violation(
+                dev, "invalidated", f"{func} after the capture broke ({self.invalid})", self.invalid
+            )
+        if stream is dev.default_stream:
+            raise violation(dev, "legacy", f"{func} on the default stream while capturing")
         if stream not in self.frontier:
-            raise SimCaptureError(
+            raise violation(
+                dev,
+                "uncaptured_stream",
                 f"{stream.name} is not part of the capture: it must wait on the capturing stream "
-                f"(e.g. {stream.name}.wait_stream(capture_stream)) before queuing work"
+                f"(e.g. {stream.name}.wait_stream(capture_stream)) before queuing work",
             )
         fresh = [i for i, src in enumerate(info.returns) if src is None]
         outs = {}
@@ -116,7 +126,8 @@ class Capture:
                 leaves.append(sx)
                 ext = extent(x)
                 rng = (x.data_ptr(), ext)
-                accesses.append(NodeAccess(x.data_ptr(), ext, "w" if j in mut_idx else "r", f"arg{j}"))
+                kind = "w" if j in mut_idx else "r"
+                accesses.append(NodeAccess(x.data_ptr(), ext, kind, f"arg{j}", layout(x)))
                 if rng not in seen:
                     seen.add(rng)
                     nbytes += ext
@@ -127,7 +138,7 @@ class Capture:
             o = outs[i]
             if o.numel():
                 out_shadows.append((i, arena.shadow(o)))
-                accesses.append(NodeAccess(o.data_ptr(), extent(o), "w", f"out{i}"))
+                accesses.append(NodeAccess(o.data_ptr(), extent(o), "w", f"out{i}", layout(o)))
                 nbytes += extent(o)
         n = Node()
         n.index, n.op, n.stream = len(self.nodes), str(func), stream
@@ -226,7 +237,8 @@ class CaptureMode(TorchDispatchMode):
         if info.kind == "view":
             return func(*args, **kwargs)
         if info.kind == "forbid":
-            raise SimCaptureError(f"{func} while capturing: it {FORBIDDEN[func._schema.name]}")
+            rule = "sync" if func._schema.name == "aten::_local_scalar_dense" else "unsupported_op"
+            raise violation(self.cap.dev, rule, f"{func} while capturing: it {FORBIDDEN[func._schema.name]}")
         try:
             return self.cap.record(func, info, args, kwargs)
         except SimCaptureError:

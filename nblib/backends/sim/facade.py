@@ -10,6 +10,7 @@ from nblib.backends.sim.allocator import MB, CachingAllocator
 from nblib.backends.sim.arena import Arena, extent
 from nblib.backends.sim.capture import python_stack
 from nblib.backends.sim.graph import GraphCtx, SimGraph
+from nblib.backends.sim.rules import violation
 from nblib.backends.sim.streams import SimEvent, SimStream, StreamCtx
 from nblib.backends.sim.timing import Timing
 
@@ -55,7 +56,10 @@ class SimDevice:
         return self._cur
 
     def synchronize(self):
-        """Replay completes before returning, so there is nothing to wait for."""
+        """Replay completes before returning, so there is nothing to wait for; while capturing,
+        CUDA refuses a device-wide synchronize."""
+        if self._cap is not None:
+            raise violation(self, "sync", "synchronize() while capturing")
 
     # graphs
     def CUDAGraph(self, keep_graph=False):

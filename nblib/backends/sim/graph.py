@@ -4,11 +4,13 @@ simulated-time order: each node computes at its end (a kernel reads its inputs o
 so a write from another stream that lands while a reader runs corrupts it, as the timing model says."""
 
 import gc
+import weakref
 
 import numpy as np
 
 from nblib.backends.sim.capture import Capture, CaptureMode
-from nblib.backends.sim.rules import SimCaptureError
+from nblib.backends.sim.ops import warm_up_dispatch_modes
+from nblib.backends.sim.rules import Broken, SimCaptureError, violation
 from nblib.backends.sim.timing import schedule
 
 
@@ -30,7 +32,10 @@ class SimGraph:
         dev = self.dev
         if dev._cap is not None:
             raise SimCaptureError("a capture is already underway")
+        if dev._cur is dev.default_stream:
+            raise violation(dev, "default_stream", "capture_begin on the default stream")
         self.pool_id = pool if pool is not None else dev.graph_pool_handle()
+        warm_up_dispatch_modes()
         cap = Capture(dev, self, dev._cur, self.pool_id)
         dev._cap = cap
         dev.allocator.begin_capture(self.pool_id)
@@ -38,7 +43,16 @@ class SimGraph:
         self._mode.__enter__()
 
     def capture_end(self):
+        dev = self.dev
+        if dev._cap is not None and dev._cap.graph is self and dev._cur is not dev._cap.stream:
+            raise violation(
+                dev, "end_stream", f"capture_end on {dev._cur.name}, begun on {dev._cap.stream.name}"
+            )
         cap = self._finish()
+        if cap.invalid is not None:
+            raise violation(
+                dev, "invalidated", f"capture_end after the capture broke ({cap.invalid})", cap.invalid
+            )
         end = cap.frontier[cap.stream]
         seen, todo = set(), list(end)
         while todo:
@@ -48,9 +62,11 @@ class SimGraph:
                 todo.extend(cap.nodes[i].deps)
         for s, fr in cap.frontier.items():
             if any(i not in seen for i in fr):
-                raise SimCaptureError(
-                    f"capture ended with work on {s.name} not joined into the capturing stream "
-                    f"(cudaErrorStreamCaptureUnjoined): call capture_stream.wait_stream({s.name})"
+                raise violation(
+                    dev,
+                    "unjoined",
+                    f"capture ended with work on {s.name} not joined into the capturing stream: "
+                    f"call capture_stream.wait_stream({s.name})",
                 )
         self.nodes, self.syncs = cap.nodes, cap.syncs
         n = len(self.nodes)
@@ -60,6 +76,7 @@ class SimGraph:
         self._nbytes = np.array([nd.nbytes for nd in self.nodes], dtype=np.float64)
         self._costs = [(i, nd.cost) for i, nd in enumerate(self.nodes) if nd.cost is not None]
         self._ready = True
+        weakref.finalize(self, _destroyed, dev).atexit = False
 
     def _finish(self):
         dev = self.dev
@@ -72,6 +89,7 @@ class SimGraph:
             self._mode = None
             dev._cap = None
             dev.allocator.end_capture()
+            cap.graph = None  # events recorded in the capture keep it: they must not keep the graph
         return cap
 
     def _abort(self):
@@ -146,3 +164,9 @@ class GraphCtx:
         finally:
             self.dev._cur = self.prev
         return False
+
+
+def _destroyed(dev):
+    """A captured graph died (CUDA: cudaGraphExecDestroy). Inside another capture that breaks it."""
+    if dev._cap is not None and dev._cap.invalid is None:
+        dev._cap.invalid = Broken("graph_destroyed", "a captured graph was destroyed while capturing")

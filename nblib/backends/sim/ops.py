@@ -3,9 +3,11 @@
 returns alias an argument, which ops are views (no kernel, no memory), which only allocate, and
 which a capture forbids. The simulator's capture and the CUDA trace recorder share it."""
 
+import threading
 from dataclasses import dataclass
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 # ops that allocate and write nothing (no node)
 EMPTY_OPS = {
@@ -82,6 +84,36 @@ def mutated_args(info, args, kwargs):
         v = arg(args, kwargs, i, name)
         out.extend(v if isinstance(v, (list, tuple)) else [v])
     return out
+
+
+class _Passthrough(TorchDispatchMode):
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+def _one_op_under_a_mode():
+    with _Passthrough():
+        torch.zeros(1) + 0
+
+
+_warm = threading.Event()
+
+
+def warm_up_dispatch_modes():
+    """Run one op under a dispatch mode, once per process, on a thread of its own, before any
+    capture pushes a mode.
+
+    torch imports torch._dynamo lazily at the first op under a TorchDispatchMode (~3 s), and that
+    import leaves reference cycles holding every frame on the stack at the time (torch 2.11-2.13).
+    Done inside a capture, the capture's graph and its callers' locals (earlier graphs too) become
+    cyclic garbage, destroyed whenever the collector next runs, which can be inside a later capture;
+    CUDA forbids destroying a graph while capturing and invalidates that capture. A thread of its
+    own has no caller frames to keep."""
+    if not _warm.is_set():
+        t = threading.Thread(target=_one_op_under_a_mode, name="nblib-warm-up-dispatch-modes")
+        t.start()
+        t.join()
+        _warm.set()
 
 
 def to_meta(x):

@@ -5,6 +5,8 @@ merges one frontier into another. Every sync is logged as a Sync record for the 
 
 from typing import NamedTuple
 
+from nblib.backends.sim.rules import violation
+
 
 class Sync(NamedTuple):
     """One stream/event edge made while capturing."""
@@ -24,17 +26,23 @@ class SimStream:
         self.name = name or f"stream{self.id}"
 
     def wait_stream(self, other):
-        """Work queued on self after this waits for all work queued on `other` so far."""
+        """Work queued on self after this waits for all work queued on `other` so far (torch: an
+        event recorded on `other`, waited on by self)."""
         cap = self.dev._cap
         if cap is not None and other in cap.frontier:
             cap.frontier[self] = union(cap.frontier.get(self), cap.frontier[other])
             cap.syncs.append(Sync("wait_stream", self, other, len(cap.nodes)))
+        elif cap is not None and self in cap.frontier:
+            raise violation(self.dev, "isolation", f"{self.name}.wait_stream({other.name}) while capturing")
 
     def wait_event(self, event):
         cap = self.dev._cap
         if cap is not None and event._cap is cap:
             cap.frontier[self] = union(cap.frontier.get(self), event._deps)
             cap.syncs.append(Sync("wait_event", self, event, len(cap.nodes)))
+        elif cap is not None and self in cap.frontier and event._recorded:
+            rule = "merge" if event._cap is not None else "isolation"
+            raise violation(self.dev, rule, f"{self.name} waits on an event recorded outside this capture")
 
     def record_event(self, event=None):
         event = event or SimEvent(self.dev)
@@ -42,10 +50,17 @@ class SimStream:
         return event
 
     def synchronize(self):
-        pass
+        if self._capturing():
+            raise violation(self.dev, "sync", f"{self.name}.synchronize() while it captures")
 
     def query(self):
+        if self._capturing():
+            raise violation(self.dev, "query", f"{self.name}.query() while it captures")
         return True
+
+    def _capturing(self):
+        cap = self.dev._cap
+        return cap is not None and self in cap.frontier
 
     def __repr__(self):
         return f"<SimStream {self.name}>"
@@ -54,11 +69,13 @@ class SimStream:
 class SimEvent:
     def __init__(self, dev, enable_timing=False, blocking=False, interprocess=False):
         self.dev = dev
-        self._cap, self._deps = None, ()
+        self._cap, self._deps = None, ()  # the capture of its latest record (None: eager)
+        self._recorded = False  # never recorded: waiting on it waits for nothing, as on CUDA
 
     def record(self, stream=None):
         stream = stream or self.dev.current_stream()
         cap = self.dev._cap
+        self._recorded = True
         if cap is not None and stream in cap.frontier:
             self._cap, self._deps = cap, cap.frontier[stream]
             cap.syncs.append(Sync("record", stream, self, len(cap.nodes)))
@@ -69,10 +86,18 @@ class SimEvent:
         (stream or self.dev.current_stream()).wait_event(self)
 
     def synchronize(self):
-        pass
+        if self._captured():
+            raise violation(
+                self.dev, "captured_event", "event.synchronize() on an event recorded in the capture"
+            )
 
     def query(self):
+        if self._captured():
+            raise violation(self.dev, "captured_event", "event.query() on an event recorded in the capture")
         return True
+
+    def _captured(self):
+        return self._cap is not None and self._cap is self.dev._cap
 
 
 def union(a, b):

@@ -32,8 +32,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from nblib.backends.sim.arena import extent
-from nblib.backends.sim.ops import mutated_args, op_info
+from nblib.backends.sim.arena import extent, layout
+from nblib.backends.sim.ops import mutated_args, op_info, warm_up_dispatch_modes
 from nblib.instruments.trace.recorder import Recording
 from nblib.instruments.trace.records import (
     Access,
@@ -94,6 +94,7 @@ class CudaRecording(Recording):
         self._mode = None
         self._guard = 0  # > 0 inside a wrapped sync method or a dispatched op
         self._gc_was_enabled = None
+        warm_up_dispatch_modes()  # now, not at the first op of the first capture
         G, E, S = torch.cuda.CUDAGraph, torch.cuda.Event, torch.cuda.Stream
         self._patch(G, "capture_begin", self._wrap_begin(G.capture_begin))
         self._patch(G, "capture_end", self._wrap_end(G.capture_end))
@@ -258,7 +259,9 @@ class CudaRecording(Recording):
         for j, x in enumerate(flat):
             if isinstance(x, torch.Tensor) and x.is_cuda and x.numel():
                 kind = "w" if any(x is m for m in mut) else "r"
-                acc.append(Access(x.data_ptr(), extent(x), kind, f"arg{j}", cap.live.find(x.data_ptr())))
+                acc.append(
+                    Access(x.data_ptr(), extent(x), kind, f"arg{j}", cap.live.find(x.data_ptr()), layout(x))
+                )
         res = [out] if info.n_returns == 1 else (list(out) if info.n_returns else [])
         for i, src in enumerate(info.returns):
             r = res[i] if i < len(res) else None
@@ -269,7 +272,7 @@ class CudaRecording(Recording):
                     continue
                 a = _new_alloc(cap, t, stream, stack, func)
                 if t.numel() and info.kind != "empty":
-                    acc.append(Access(t.data_ptr(), extent(t), "w", f"out{i}", a))
+                    acc.append(Access(t.data_ptr(), extent(t), "w", f"out{i}", a, layout(t)))
         if info.kind != "empty":
             cap.trace.events.append(op_step(Op(_next_op(cap), op_name(func), stream, stack, acc)))
         return out
@@ -292,7 +295,7 @@ class CudaRecording(Recording):
             stream = cap.names(key) if key is not None else f"stream {handle!r}"
         tensors = launch_tensors(data)
         acc = [
-            Access(x.data_ptr(), extent(x), "rw", f"arg{j}", cap.live.find(x.data_ptr()))
+            Access(x.data_ptr(), extent(x), "rw", f"arg{j}", cap.live.find(x.data_ptr()), layout(x))
             for j, x in enumerate(tensors)
             if x.is_cuda and x.numel()
         ]

@@ -50,10 +50,13 @@ class Recording:
 
     # -- install / uninstall ------------------------------------------------------------------------
     def _patch(self, owner, name, value):
-        """Set owner.name = value until the recording ends."""
-        orig = owner.__dict__[name] if name in owner.__dict__ else getattr(owner, name)
+        """Set owner.name = value until the recording ends (an inherited name is deleted again)."""
+        if name in owner.__dict__:
+            orig = owner.__dict__[name]
+            self._undo.append(lambda: setattr(owner, name, orig))
+        else:
+            self._undo.append(lambda: delattr(owner, name))
         setattr(owner, name, value)
-        self._undo.append(lambda: setattr(owner, name, orig))
 
     def _install(self):
         raise NotImplementedError

@@ -50,6 +50,7 @@ class Access:
     kind: str  # "r", "w", or "rw" (raw Triton launches: both)
     what: str  # the argument: "out", "arg2", "self", ...
     alloc: Alloc = None  # the live allocation holding addr, None: persistent memory
+    layout: tuple = None  # (shape, stride, itemsize) of a strided view with gaps; None: dense
 
     @property
     def writes(self):

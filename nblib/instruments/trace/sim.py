@@ -4,6 +4,7 @@ the allocator's log (alloc and free with address, size, allocation stream and st
 wraps SimGraph.capture_begin/capture_end/_abort while the `with` block runs and merges those into
 one program-order trace when each capture ends; it installs nothing in the capture itself."""
 
+import gc
 from typing import NamedTuple
 
 from nblib.backends.sim import SimGraph
@@ -30,6 +31,7 @@ class _Pending(NamedTuple):
     trace: object
     log_start: int
     main: object
+    gc_was_enabled: bool
 
 
 class SimRecording(Recording):
@@ -42,24 +44,41 @@ class SimRecording(Recording):
         def capture_begin(g, *a, **k):
             if g.dev is not rec.dev:
                 return begin(g, *a, **k)
-            start, stream = len(g.dev.allocator.log), g.dev._cur
-            begin(g, *a, **k)
-            g._audit = _Pending(rec, rec._new_trace(), start, stream)
+            start, stream, was = len(g.dev.allocator.log), g.dev._cur, gc.isenabled()
+            gc.disable()  # as on CUDA: no collection inside an audited capture (trace/cuda.py says why)
+            try:
+                begin(g, *a, **k)
+            except BaseException:
+                _resume(was)
+                raise
+            g._audit = _Pending(rec, rec._new_trace(), start, stream, was)
             return None
 
         def capture_end(g):
-            end(g)
-            p = g.__dict__.pop("_audit", None)
+            p = g.__dict__.get("_audit")
+            try:
+                end(g)
+            finally:
+                if p is not None:
+                    _resume(p.gc_was_enabled)
+            g.__dict__.pop("_audit", None)
             if p is not None and p.rec is rec:
                 build(g, p.trace, p.log_start, p.main)
 
         def _abort(g):
-            g.__dict__.pop("_audit", None)  # the trace stays incomplete
+            p = g.__dict__.pop("_audit", None)  # the trace stays incomplete
+            if p is not None:
+                _resume(p.gc_was_enabled)
             return abort(g)
 
         self._patch(SimGraph, "capture_begin", capture_begin)
         self._patch(SimGraph, "capture_end", capture_end)
         self._patch(SimGraph, "_abort", _abort)
+
+
+def _resume(was_enabled):
+    if was_enabled:
+        gc.enable()
 
 
 def build(g, trace, start, main):
@@ -114,7 +133,11 @@ def build(g, trace, start, main):
             if e.kind == "alloc" and e.alloc.addr in outs:
                 e.alloc.op = op_name(n.op)
         flush_syncs(n.index)
-        acc = [Access(a.addr, a.nbytes, a.kind, a.what, live.find(a.addr)) for a in n.accesses if a.nbytes]
+        acc = [
+            Access(a.addr, a.nbytes, a.kind, a.what, live.find(a.addr), a.layout)
+            for a in n.accesses
+            if a.nbytes
+        ]
         ev.append(op_step(Op(n.index, op_name(n.op), name(n.stream), n.stack or [], acc)))
     flush_log(len(log), "aten::empty")
     flush_syncs(1 << 62)
