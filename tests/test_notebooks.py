@@ -12,7 +12,7 @@ from nblib.core import stats
 from nblib.engine.model import LOGITS_POLICIES
 from nblib.publish import params as P
 from nblib.publish import suite
-from nblib.studies import reproduce
+from nblib.studies import fix, reproduce
 
 CI = P.ROOT / "params" / "ci.yaml"
 
@@ -194,6 +194,7 @@ def test_notebook_03_names_the_race_where_it_corrupts_and_nowhere_else(ci_suite)
 def test_notebook_04_proves_the_fixes_on_the_simulator(ci_suite):
     res = json.loads((ci_suite / "04_persistent_buffer_fix.results.json").read_text())
     assert res["status"] == "ok" and res["backend"] == "sim"
+    assert res["fixed"] == dict(index_dtype="bf16", mode="graph", variants=list(fix.VARIANTS))
     plan = res["plan"]
     assert plan["racy_buckets"], "the buggy overlap must corrupt somewhere on the ci profile"
     pooled = {p["variant"]: p for p in res["pooled"]}
