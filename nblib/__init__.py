@@ -3,12 +3,24 @@
 Packages by layer, lowest first; a package imports only from the ones above it in this list
 (and from `kernels`, which sits beside nblib and imports nothing of it but `nblib.core`):
 
-  core         plain helpers with no torch state: statistics, atomic writes, provenance
+  core         plain helpers with no torch state: statistics, atomic writes, provenance, paths
   backends     the device facade (cuda | sim) and the CPU simulator
-  engine       the miniature decode path: model, graph runner, workload, persistent buffers
+  engine       the miniature decode path: model, graph runner, workload, persistent buffers, build
   instruments  what an investigator attaches to the engine: canary, gediff, trace + audit, CSAN, overhead
   studies      the functions behind each notebook: reproduce, overlap, fix
-  publish      profiles, the suite runner, the writeup, tables, plots, widgets, the CLI
+  publish      the profile schema, notebook setup, the suite runner, the writeup, tables, plots, CLI
 
-tests/test_layers.py checks the rule and that no import cycle exists.
+tests/test_layers.py checks the rule and that no import cycle exists. docs/architecture.md draws it.
+
+`nblib.setup(notebook, globals())` is every notebook's setup cell (nblib.publish.notebook.setup).
 """
+
+
+def __getattr__(name):
+    # Lazy on purpose: setup pulls torch, pydantic and the engine (about 2 s to import, measured on
+    # the 2-core CI machine), which `import nblib.core.stats` or kernels/ should not pay for.
+    if name == "setup":
+        from nblib.publish.notebook import setup
+
+        return setup
+    raise AttributeError(f"module 'nblib' has no attribute {name!r}")

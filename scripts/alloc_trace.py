@@ -3,12 +3,12 @@ model, with the addresses it returned: test data for the simulator's allocator (
 Usage: python scripts/alloc_trace.py OUT.json [ffn]"""
 
 import contextlib
-import json
 import sys
 
 import torch
 
 from nblib.backends import device
+from nblib.core.files import write_json
 from nblib.engine.model import DecodeModel, ModelConfig
 from nblib.engine.runner import Runner
 
@@ -48,8 +48,8 @@ def record(bucket):
 
 m = DecodeModel(ModelConfig(ffn=ffn, num_pages=2048), dev)
 r = Runner(m, [1, 2, 4, 8, 16, 32, 64], "graph").capture(record=record)
-json.dump(
+write_json(
+    sys.argv[1],
     dict(device=dev.device_name(), torch=torch.__version__, ffn=ffn, aliases=r.aliases(), events=events),
-    open(sys.argv[1], "w"),
 )
 print(len(events), "events;", "aliases:", [(a["bucket"], a["first"], a["second"]) for a in r.aliases()])

@@ -2,13 +2,13 @@
 transients that share bytes across streams, a short corruption check, and the allocator trace.
 Usage: python scripts/gpu_probe.py OUTDIR [ffn ...]"""
 
-import json
 import sys
 import time
 
 import torch
 
 from nblib.backends import device
+from nblib.core.files import write_json
 from nblib.engine.model import DecodeModel, ModelConfig
 from nblib.engine.runner import Runner
 from nblib.engine.workload import WorkloadConfig, run_sessions
@@ -43,7 +43,7 @@ for ffn in ffns:
                 for dt in snap["device_traces"]
                 for e in dt
             ]
-            json.dump(ev, open(f"{out}/alloc_trace_ffn{ffn}.json", "w"))
+            write_json(f"{out}/alloc_trace_ffn{ffn}.json", ev)
         al = r.aliases()
         key = f"ffn={ffn} {dtype} overlap={overlap}"
         rec = dict(capture_s=round(cap_s, 2), aliases=al, runs={})
@@ -72,4 +72,4 @@ for ffn in ffns:
         print("   ", rec["runs"], flush=True)
         del r, m
         torch.cuda.empty_cache()
-json.dump(report, open(f"{out}/probe.json", "w"), indent=1, default=str)
+write_json(f"{out}/probe.json", report)

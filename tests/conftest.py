@@ -1,7 +1,9 @@
 import pytest
 import torch
 
-from nblib.engine.model import DecodeModel, ModelConfig
+from nblib.core.paths import ROOT
+from nblib.engine import build
+from nblib.publish import suite
 
 TINY = dict(heads=4, dim=128, topk=32, max_ctx=1024, d_model=256, ffn=1024, num_pages=256, vocab=512)
 
@@ -29,15 +31,12 @@ def eager_dev():
 
 @pytest.fixture
 def tiny_model(eager_dev):
-    return DecodeModel(ModelConfig(**TINY), eager_dev)
+    return build.model(eager_dev, TINY)
 
 
 @pytest.fixture(scope="session")
 def ci_suite(tmp_path_factory):
     """The main job on the ci profile, every notebook 00 to 05, once per test session (as CI runs it)."""
-    from nblib.publish import params as P
-    from nblib.publish import suite
-
     out = tmp_path_factory.mktemp("ci_suite")
-    suite.run(P.ROOT / "params" / "ci.yaml", out)
+    suite.run(ROOT / "params" / "ci.yaml", out)
     return out

@@ -7,9 +7,10 @@ import torch
 N = 4096
 
 
-def reuse_race_step(dev, side, x, fix=None):
+def reuse_race_step(dev, side, x, fix=None, lead=0):
     """Call while capturing. Returns (r, the transient's address, u): r is the side stream's
-    result, u the main-stream tensor allocated after the free."""
+    result, u the main-stream tensor allocated after the free. lead: main-stream ops between the
+    free and the write into the reused bytes (the main branch's lead in the race)."""
     main = dev.current_stream()
     side.wait_stream(main)
     if fix == "side_alloc":
@@ -28,6 +29,8 @@ def reuse_race_step(dev, side, x, fix=None):
     t_addr = t.data_ptr()
     del t  # ... freed before the join ...
     u = torch.empty(N)  # ... and its bytes go to the main stream's next tensor
+    for _ in range(lead):
+        x = x.sin()
     u.fill_(-100.0)
     main.wait_stream(side)
     return r, t_addr, u

@@ -7,7 +7,7 @@ import pytest
 import torch
 from miniature import N, reuse_race_step
 
-from nblib.backends.sim import SimDevice, SimGraph
+from nblib.backends.sim import SimCaptureError, SimDevice, SimGraph
 from nblib.engine.model import DecodeModel, ModelConfig
 from nblib.engine.runner import Runner
 from nblib.instruments import audit, trace
@@ -184,7 +184,12 @@ def test_the_audit_does_not_perturb_the_capture():
                 out = fn()
         ids = {}  # addresses by first appearance: the same sharing of bytes
         nodes = [
-            (n.op, n.stream.name, n.deps, [(ids.setdefault(a, len(ids)), b, c) for a, b, c, _ in n.accesses])
+            (
+                n.op,
+                n.stream.name,
+                n.deps,
+                [(ids.setdefault(a.addr, len(ids)), a.nbytes, a.kind) for a in n.accesses],
+            )
             for n in g.nodes
         ]
         res = []
@@ -257,7 +262,7 @@ def test_a_raising_capture_leaves_nothing_behind_and_names_the_op():
 def test_a_failed_capture_inside_a_recording_is_skipped_and_counted():
     dev = SimDevice()
     with audit.recording(dev) as rec:
-        with pytest.raises(Exception), dev.graph(dev.CUDAGraph()):
+        with pytest.raises(SimCaptureError), dev.graph(dev.CUDAGraph()):
             torch.ones(2, 3) @ torch.ones(2, 3)
         with dev.graph(dev.CUDAGraph()):
             torch.ones(3) * 2
@@ -316,19 +321,20 @@ def test_auditing_one_ci_capture_is_fast():
 # ------------------------------------------------------------------------------------------------
 
 
-def test_triton_launch_args_are_read_from_the_launching_frame():
-    seen = []
+def test_triton_launch_tensors_come_from_the_documented_launch_metadata():
+    """Raw Triton launches: tensors only from Triton's launch metadata (what a kernel's
+    launch_metadata function returns), never from Triton's frames."""
+    from triton.compiler.compiler import LazyDict
 
-    def hook():
-        seen.append(trace.triton_launch_args(__import__("sys")._getframe(1)))
-
-    def run(*args):  # JITFunction.run's shape: bound_args, then the launcher
-        bound_args = {"x": args[0], "n": args[1]}  # noqa: F841
-        hook()
-
-    t = torch.ones(3)
-    run(t, 7)
-    assert seen[0][0] is t and seen[0][1] == 7
+    t, u, v = torch.ones(3), torch.zeros(2), torch.ones(1)
+    md = LazyDict({"name": "k", "function": 0, "stream": 7})
+    assert trace.cuda.launch_tensors(md.get()) == []  # declares nothing: the audit says so
+    md.add(
+        lambda grid, meta, args: {"x": args["x"], "ys": [args["y"], 3], "n": args["n"]},
+        ((1,), {}, dict(x=t, y=u, n=5)),
+    )
+    got = trace.cuda.launch_tensors(md.get())
+    assert len(got) == 2 and got[0] is t and got[1] is u and not any(x is v for x in got)
 
 
 def test_cuda_recorder_installs_and_restores_its_patches():
@@ -346,9 +352,10 @@ def test_cuda_recorder_installs_and_restores_its_patches():
     ]
     before = [getattr(c, n) for c, n in names]
     hooks = list(triton.knobs.runtime.launch_enter_hook.calls)
-    with trace.CudaRecording(types.SimpleNamespace(name="cuda")) as rec:
-        assert [getattr(c, n) for c, n in names] != before
-        assert rec._hook in triton.knobs.runtime.launch_enter_hook.calls
+    with audit.recording(types.SimpleNamespace(name="cuda")) as rec:
+        assert isinstance(rec, trace.CudaRecording)
+        assert all(a != b for a, b in zip([getattr(c, n) for c, n in names], before))
+        assert any(getattr(h, "__self__", None) is rec for h in triton.knobs.runtime.launch_enter_hook.calls)
         assert rec.captures == [] and rec.report().ok
     assert [getattr(c, n) for c, n in names] == before
     assert triton.knobs.runtime.launch_enter_hook.calls == hooks
@@ -453,12 +460,27 @@ def test_cuda_sanitizer_cannot_tell_the_race_from_the_fixes():
     sees joined. The audit (test_cuda_model_configurations) separates all three."""
     from nblib.instruments import csan
 
-    runs = {r["logits_policy"]: r for r in csan.compare(GPU_MODEL, [2, 32, 64])}
+    # three children, each within 150 s: the whole comparison fits one device call (10 minutes)
+    runs = {r["logits_policy"]: r for r in csan.compare(GPU_MODEL, [2, 32, 64], timeout=150)}
     assert all(r["control"]["reported"] for r in runs.values()), runs
     for p in ("transient", "record_stream"):
         assert csan.kernels(runs[p]["errors"][0]) == ("csi::indexer_logits_bf16", "aten::empty.memory_format")
     assert runs["persistent"]["errors"], runs["persistent"]
     assert csan.describe(list(runs.values())).startswith("CSAN gives the bug and the fixes the same verdict")
+
+
+def test_a_csan_child_past_its_time_limit_fails_in_one_line(monkeypatch):
+    import subprocess
+
+    from nblib.instruments import csan
+
+    def too_slow(cmd, timeout, **_):
+        raise subprocess.TimeoutExpired(cmd, timeout)
+
+    monkeypatch.setattr(csan.device, "get", lambda name: None)
+    monkeypatch.setattr(subprocess, "run", too_slow)
+    with pytest.raises(RuntimeError, match=r"CSAN child process ran past 7 s \(transient, buckets \[2\]\)"):
+        csan.compare(TINY, [2], timeout=7)
 
 
 def test_csan_without_a_gpu_fails_in_one_line_before_starting_a_child(monkeypatch):

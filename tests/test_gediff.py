@@ -5,17 +5,16 @@ import torch
 from test_canary import CI, W
 
 from nblib.backends import device
-from nblib.engine.model import DecodeModel, ModelConfig
+from nblib.engine import build
+from nblib.engine.build import full_batch
 from nblib.engine.runner import Runner
-from nblib.engine.workload import WorkloadConfig, run_sessions
 from nblib.instruments import gediff
 from nblib.instruments.gediff import GEDiff
-from nblib.instruments.overhead import full_batch
 
 
 def _captured(bucket=2):
     dev = device.get("sim")
-    m = DecodeModel(ModelConfig(**CI, overlap="off"), dev)
+    m = build.model(dev, CI, overlap="off")
     gd = GEDiff(m)
     runner = Runner(m, [bucket]).capture()
     args = full_batch(m, bucket)
@@ -63,8 +62,8 @@ def test_metrics_nan_and_inf():
 
 def test_clean_workload_no_divergence():
     dev = device.get("sim")
-    m = DecodeModel(ModelConfig(**CI, overlap="off"), dev)
+    m = build.model(dev, CI, overlap="off")
     gd = GEDiff(m)
-    r = run_sessions(Runner(m, [1, 2]).capture(), WorkloadConfig(**W, concurrency=2, seed=1), [gd])
+    r, _ = build.bucket_run(Runner(m, [1, 2]).capture(), W, 2, [gd], seed=1)
     s = gd.summary()
     assert r["corrupted_sessions"] == 0 and s["comparisons"] == r["steps"] and s["diverged"] == 0

@@ -1,67 +1,27 @@
-"""CPU tests for kernels/indexer.py: the Triton kernel runs in the Triton interpreter.
+"""CPU tests for the indexer: page layouts and writes (kernels.paged), the logits kernel
+(kernels.logits) in Triton's interpreter, the custom ops (kernels.ops), the CLI.
 
 The interpreter computes tl.dot on bf16 operands from raw bit patterns, so the
 "bf16" kernel's math is tested with float32/float16 operands (same kernel, a
 launcher test path); the fp8 kernel is tested directly. The real bf16 path and
-performance are checked on the GPU (test marked `gpu`).
+performance are checked on the GPU (test marked `gpu`); what the compiler makes of
+the kernels for sm_90a / sm_100a is checked in tests/test_kernel_compile.py.
 """
 
-import os
-import re
+import numpy as np
+import pytest
+import torch
+from interp import interpret, run_without_interpreter
 
-# Set before this module imports triton: a kernel decorated after this point is
-# an interpreted function. (A conftest may already have imported kernels.indexer
-# with a compiled kernel; the autouse fixture below swaps in an interpreted one.)
-os.environ["TRITON_INTERPRET"] = "1"
+from kernels import indexer as ix
+from kernels import logits as lg
 
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-import torch  # noqa: E402
-import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
-import triton.runtime.interpreter as _interp  # noqa: E402
-from triton.runtime.jit import JITFunction  # noqa: E402
-
-
-def _int_of_size1_array_works():
-    try:
-        int(np.array([1]))
-        return True
-    except TypeError:
-        return False
-
-
-# Interpreter scalars are shape-(1,) arrays and triton 3.6 turns them into loop
-# bounds with int(array); numpy >= 2.4 refuses that, which breaks every
-# data-dependent `range(0, n)`. Use .item() instead (test-only shim, no-op otherwise).
-if not _int_of_size1_array_works():
-    _orig_patch_lang_tensor = _interp._patch_lang_tensor
-
-    def _patch_lang_tensor(tensor, scope):
-        _orig_patch_lang_tensor(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.item()))
-
-    _interp._patch_lang_tensor = _patch_lang_tensor
-
-from kernels import indexer as ix  # noqa: E402
+COMPILED_KERNEL = lg._indexer_logits_kernel  # before any fixture swaps in the interpreted twin
 
 
 @pytest.fixture(autouse=True)
-def _interpreted_kernel(monkeypatch):
-    """Run the kernel in the interpreter even if triton and kernels.indexer were
-    imported before TRITON_INTERPRET was set (e.g. by a conftest): swap in
-    interpreted versions of the kernel and of triton.language's @jit helpers
-    (tl.sum, ...); the launcher looks the kernel up at call time."""
-    kernel = ix._indexer_logits_kernel
-    if isinstance(kernel, _interp.InterpretedFunction):
-        return
-    monkeypatch.setattr(ix, "_indexer_logits_kernel", _interp.InterpretedFunction(kernel.fn))
-    for name, fn in vars(tl).items():
-        if isinstance(fn, JITFunction):
-            monkeypatch.setattr(tl, name, _interp.InterpretedFunction(fn.fn))
+def _interpreted(monkeypatch):
+    interpret(monkeypatch, lg)
 
 
 PAGE = ix.PAGE
@@ -207,65 +167,6 @@ def test_every_element_written_and_nothing_else(is_fp8):
     assert (big[:, max_len:] == 7.0).all(), "kernel wrote past max_len"
 
 
-def _compile_sm90(is_fp8, cfg, dim=128, heads=64):
-    """Compile (not run) the kernel for sm_90 with the launcher's specialization."""
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    kdt = "fp8e4nv" if is_fp8 else "bf16"
-    ptrs = dict(
-        q_ptr=f"*{kdt}",
-        w_ptr="*fp32",
-        k_ptr=f"*{kdt}",
-        scale_ptr="*fp32" if is_fp8 else f"*{kdt}",
-        pt_ptr="*i32",
-        seq_lens_ptr="*i32",
-        out_ptr="*fp32",
-    )
-    ints = [
-        "H",
-        "max_len",
-        "tiles_per_prog",
-        "stride_qb",
-        "stride_qh",
-        "stride_wb",
-        "stride_ptb",
-        "stride_ob",
-    ]
-    consts = dict(D=dim, BLOCK_H=heads, BLOCK_T=cfg["block_t"], IS_FP8=is_fp8, FP32_IEEE=False)
-    sig = {**ptrs, **{n: "i32" for n in ints}, **{n: "constexpr" for n in consts}}
-    names = list(sig)
-    aligned = list(ptrs) + ["max_len", "stride_qb", "stride_qh", "stride_wb", "stride_ptb", "stride_ob"]
-    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned}
-    fn = JITFunction(ix._indexer_logits_kernel.fn)
-    src = ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)
-    opts = dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
-
-
-@pytest.mark.parametrize("is_fp8", [False, True], ids=["bf16", "fp8"])
-def test_kernel_compiles_for_sm90_with_wgmma_and_pipelining(is_fp8):
-    # The interpreter never runs the compiler; this catches frontend errors and checks
-    # the codegen the performance depends on (no GPU needed: triton ships ptxas).
-    cfg = ix.FP8_CONFIG if is_fp8 else ix.BF16_CONFIG
-    try:
-        k = _compile_sm90(is_fp8, cfg)
-    except (ImportError, FileNotFoundError, RuntimeError) as e:  # no nvidia backend / ptxas
-        if "ptxas" in str(e) or isinstance(e, (ImportError, FileNotFoundError)):
-            pytest.skip(f"cannot compile for sm_90 here: {e}")
-        raise
-    ptx, ttgir = k.asm["ptx"], k.asm["ttgir"]
-    assert "wgmma.mma_async" in ptx, "dot did not lower to Hopper wgmma"
-    assert "cp.async.cg.shared.global" in ptx, "K tile not loaded with 16-byte async copies"
-    assert "ttg.async_wait" in ttgir and "{num = 0" in ttgir  # sanity: pipelined loads exist
-    if cfg["num_stages"] > 4:  # a deep pipeline was asked for: it must overlap copies with the dot
-        assert re.search(r"async_wait[^{]*\{num = [1-9]", ttgir), (
-            "no copy/compute overlap (all waits are num=0)"
-        )
-    assert ".local" not in ptx, "register spills"
-    assert k.metadata.shared <= 227 * 1024
-
-
 # ---------------------------------------------------------------- fp8 layout
 
 
@@ -380,24 +281,16 @@ def test_custom_op_opcheck():
     )
 
 
-def _run_without_interpreter(code, timeout):
-    """python -c code from the repository root, in a process without TRITON_INTERPRET."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    return subprocess.run(
-        [sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True, timeout=timeout
-    )
-
-
 def test_import_and_cpu_op_without_interpreter():
     code = (
         "import torch, kernels.indexer as ix\n"
         "x = ix.make_inputs(2, [70, 5], 4, 32, 128, 'cpu')\n"
         "out = torch.full((2, 128), float('nan'))\n"
-        "ix.indexer_logits_bf16(x['q'].bfloat16(), x['w'], x['k'].bfloat16(), x['page_table'], x['seq_lens'], out)\n"
+        "q, k = x['q'].bfloat16(), x['k'].bfloat16()\n"
+        "ix.indexer_logits_bf16(q, x['w'], k, x['page_table'], x['seq_lens'], out)\n"
         "assert not out.isnan().any() and out.isneginf().sum() == 58 + 123\n"
     )
-    r = _run_without_interpreter(code, timeout=120)
+    r = run_without_interpreter(["-c", code], timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
 
 
@@ -414,9 +307,9 @@ def test_topk_indices_semantics():
     idx = ix.topk_indices(logits, 4)
     assert idx.dtype == torch.int32 and idx.shape == (2, 4)
     assert idx.tolist() == [[0, 2, 3, 5], [2, -1, -1, -1]]
-    wide = ix.topk_indices(logits, 100)  # k clipped to the width
-    assert wide.shape == (2, 6)
-    assert wide.tolist() == [[0, 2, 3, 5, -1, -1], [2, -1, -1, -1, -1, -1]]
+    assert ix.topk_indices(logits, 6).tolist() == [[0, 2, 3, 5, -1, -1], [2, -1, -1, -1, -1, -1]]
+    with pytest.raises(ValueError, match="k=7 is larger than the row"):
+        ix.topk_indices(logits, 7)
 
 
 # ---------------------------------------------------------------- validation
@@ -428,18 +321,61 @@ def test_launcher_validation_errors():
     out = torch.empty(3, ml)
     pages = ix.quantize_fp8_pages(k)
     q8 = q.to(torch.float8_e4m3fn)
+    sl_strided = torch.zeros(6, dtype=torch.int32)[::2]
     bad = [
-        (lambda: ix.indexer_logits_bf16_(q, w.double(), k, pt, sl, out), "w must be float32"),
+        (lambda: ix.indexer_logits_bf16_(q, w.double(), k, pt, sl, out), "w must be torch.float32"),
+        (lambda: ix.indexer_logits_bf16_(q, w[:2], k, pt, sl, out), r"w must have shape \(3, 4\)"),
         (lambda: ix.indexer_logits_bf16_(q, w, k, pt, sl, torch.empty(3, ml - 1)), "multiple of 64"),
         (lambda: ix.indexer_logits_bf16_(q, w, k, pt[:, :1], sl, out), "max_pages"),
-        (lambda: ix.indexer_logits_bf16_(q, w, k.half(), pt, sl, out), "share a dtype"),
-        (lambda: ix.indexer_logits_bf16_(q, w, k, pt.long(), sl, out), "page_table must be int32"),
-        (lambda: ix.indexer_logits_bf16_(q, w, k, pt, sl[:2], out), "seq_lens must be int32"),
-        (lambda: ix.indexer_logits_bf16_(q[..., :16], w, k[..., :16], pt, sl, out), "head dim"),
-        (lambda: ix.indexer_logits_bf16_(q, w, k.transpose(1, 2), pt, sl, out), "kcache must be contiguous"),
-        (lambda: ix.indexer_logits_fp8_(q, w, pages, pt, sl, out), "float8_e4m3fn"),
-        (lambda: ix.indexer_logits_fp8_(q8, w, pages[:, :-4], pt, sl, out), "pages must be uint8"),
-        (lambda: ix.indexer_logits_fp8(q8, w, pages, pt, sl, out.double()), "out must be float32"),
+        (lambda: ix.indexer_logits_bf16_(q, w, k.half(), pt, sl, out), "kcache must be torch.float32"),
+        (lambda: ix.indexer_logits_bf16_(q.double(), w, k, pt, sl, out), "q must be torch.bfloat16"),
+        (lambda: ix.indexer_logits_bf16_(q, w, k, pt.long(), sl, out), "page_table must be torch.int32"),
+        (lambda: ix.indexer_logits_bf16_(q, w, k, pt, sl[:2], out), "seq_lens must have shape"),
+        (lambda: ix.indexer_logits_bf16_(q, w, k, pt, sl_strided, out), "seq_lens must be contiguous"),
+        (lambda: ix.indexer_logits_bf16_(q[..., :16], w, k[..., :16], pt, sl, out), "head dim D=16"),
+        (lambda: ix.indexer_logits_bf16_(q[:, :, None], w, k, pt, sl, out), "q must have 3 dims"),
+        (lambda: ix.indexer_logits_bf16_(q.transpose(1, 2), w, k, pt, sl, out), "contiguous in its last"),
+        (lambda: ix.indexer_logits_bf16_(q, w, k.transpose(1, 2), pt, sl, out), "kcache must have shape"),
+        (lambda: ix.indexer_logits_bf16_(q, w, k[:, ::2], pt, sl, out), "kcache must have shape"),
+        (lambda: ix.indexer_logits_bf16_(q, w.to("meta"), k, pt, sl, out), "must be on one device"),
+        (lambda: ix.indexer_logits_fp8_(q, w, pages, pt, sl, out), "q must be torch.float8_e4m3fn"),
+        (lambda: ix.indexer_logits_fp8_(q8, w, pages[:, :-4], pt, sl, out), "pages must have shape"),
+        (
+            lambda: ix.indexer_logits_fp8_(q8, w, pages.view(torch.int8), pt, sl, out),
+            "pages must be torch.uint8",
+        ),
+        (lambda: ix.indexer_logits_fp8(q8, w, pages, pt, sl, out.double()), "out must be torch.float32"),
+        (lambda: ix.indexer_logits_bf16_(q, w, k, pt, sl, out, config=dict(block_t=64)), "tiles_per_prog"),
+    ]
+    for fn, msg in bad:
+        with pytest.raises(ValueError, match=msg):
+            fn()
+
+
+def test_launcher_refuses_cpu_tensors_outside_the_interpreter(monkeypatch):
+    monkeypatch.setattr(lg, "_indexer_logits_kernel", COMPILED_KERNEL)
+    x = inputs(bs=1, seq_lens=(5,), heads=4, dim=32)
+    out = torch.empty(1, x["max_len"])
+    with pytest.raises(ValueError, match="needs CUDA tensors, got cpu"):
+        ix.indexer_logits_bf16_(x["q"], x["w"], x["k"], x["page_table"], x["seq_lens"], out)
+
+
+def test_write_entries_validation_errors():
+    kcache = torch.zeros(3, PAGE, 32, dtype=torch.bfloat16)
+    pages = ix.quantize_fp8_pages(torch.randn(3, PAGE, 32))
+    slots, k = torch.tensor([1, 2]), torch.randn(2, 32)
+    bad = [
+        (lambda: ix.write_entries_bf16_(kcache.float(), slots, k), "kcache must be torch.bfloat16"),
+        (
+            lambda: ix.write_entries_bf16_(kcache, slots.float(), k),
+            "slots must be torch.int32 or torch.int64",
+        ),
+        (lambda: ix.write_entries_bf16_(kcache, slots, k[:1]), "k has 1 rows but slots has 2"),
+        (lambda: ix.write_entries_bf16_(kcache, slots, k[:, :16]), "kcache must have shape"),
+        (lambda: ix.write_entries_bf16_(kcache, slots[:, None], k), "slots must have 1 dims"),
+        (lambda: ix.write_entries_fp8_(pages, slots, k[:, :16]), "head dim D=16"),
+        (lambda: ix.write_entries_fp8_(pages[:, :-1], slots, k), "pages must have shape"),
+        (lambda: ix.write_entries_fp8_(pages, slots, k.int()), "k must be floating point"),
     ]
     for fn, msg in bad:
         with pytest.raises(ValueError, match=msg):
@@ -450,16 +386,14 @@ def test_launcher_validation_errors():
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(
-    not torch.cuda.is_available(), reason="needs CUDA: run on the H200 through the device tool"
-)
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_gpu_check_both_dtypes():
-    # TRITON_INTERPRET=1 is set above, so the GPU run needs a fresh process without it
+    # a fresh process: the real compiled kernels, not this session's interpreted twins
     code = (
         "import kernels.indexer as ix\n"
         "for c in [dict(bs=5), dict(bs=3, seq_lens=[1, 64, 65]), dict(bs=7, heads=32, dim=64),"
         " dict(bs=2, seq_lens=[200, 17], heads=8, max_len=1024)]:\n"
         "    print(c, ix.check('cuda', **c))\n"
     )
-    r = _run_without_interpreter(code, timeout=600)
+    r = run_without_interpreter(["-c", code], timeout=600)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]

@@ -174,7 +174,7 @@ def test_a_captured_trace_replays_to_the_same_sharing():
         del y
         w = x.exp()
         dev.current_stream().wait_stream(side)
-        out = z + w
+        _out = z + w
         del z, w
     pairs = replay_trace([e for e in dev.allocator.log if e["pool"] == g.pool()])
     assert _same_sharing(pairs)
@@ -190,7 +190,8 @@ GPU_TRACES = sorted(glob.glob(os.path.join(os.path.dirname(__file__), "data", "a
 )
 @pytest.mark.parametrize("path", GPU_TRACES)
 def test_recorded_cuda_trace_replays_to_the_same_sharing(path):
-    events = json.load(open(path))["events"]
+    with open(path) as f:
+        events = json.load(f)["events"]
     assert _same_sharing(replay_trace(events))
 
 
@@ -262,9 +263,12 @@ def test_streams_must_join_and_be_joined():
     dev = SimDevice()
     side = dev.Stream()
     x = torch.ones(8)
-    with pytest.raises(SimCaptureError, match="not part of the capture"), dev.graph(dev.CUDAGraph()):
-        with dev.stream(side):
-            x * 2
+    with (
+        pytest.raises(SimCaptureError, match="not part of the capture"),
+        dev.graph(dev.CUDAGraph()),
+        dev.stream(side),
+    ):
+        x * 2
     with pytest.raises(SimCaptureError, match="not joined"), dev.graph(dev.CUDAGraph()):
         side.wait_stream(dev.current_stream())
         with dev.stream(side):
@@ -299,13 +303,13 @@ def test_events_order_streams():
 # ------------------------------------------------------------------------------------------------
 
 
-def race(dev, fix=None, replays=200):
+def race(dev, fix=None, replays=200, lead=2):
     """The engine's pattern in miniature. Returns (the two addresses, [side result correct?])."""
     side = dev.Stream()
     x = torch.linspace(-1, 1, N)
     g = dev.CUDAGraph()
     with dev.graph(g, pool=dev.graph_pool_handle()):
-        r, t_addr, u = reuse_race_step(dev, side, x, fix)
+        r, t_addr, u = reuse_race_step(dev, side, x, fix, lead)
         out = r * 1
     expected = x * 2 + (x + 3).exp()
     ok = []
@@ -316,9 +320,18 @@ def race(dev, fix=None, replays=200):
 
 
 def test_race_aliases_and_corrupts_intermittently():
+    # a main-stream lead as long as the side's work before its read: a tie the measured jitter decides
     (t_addr, u_addr), ok = race(SimDevice(seed=1))
     assert t_addr == u_addr  # the freed block went to the next main-stream tensor
     assert 0 < sum(ok) < len(ok), f"{sum(ok)}/{len(ok)} replays correct: expected some of each"
+
+
+@pytest.mark.parametrize("lead,expect", [(0, "never"), (4, "always")])
+def test_race_is_decided_by_the_main_streams_lead(lead, expect):
+    """A kernel reads over its whole run: the side's read of the freed bytes ends after its second
+    op. With no lead the main stream's write lands first every time; with a long one, never."""
+    _, ok = race(SimDevice(seed=1), lead=lead)
+    assert sum(ok) == (0 if expect == "never" else len(ok)), f"{sum(ok)}/{len(ok)} correct with lead {lead}"
 
 
 @pytest.mark.parametrize("fix", ["join", "side_alloc", "record_stream"])
@@ -367,7 +380,7 @@ def test_timeline_overlaps_concurrent_branches():
             a = x * 2
         b = x * 3
         dev.current_stream().wait_stream(side)
-        c = a + b
+        _c = a + b
     g.replay()
     starts, ends = g.last_schedule
     assert starts[0] == starts[1] == 0.0 and starts[2] == max(ends[0], ends[1])
@@ -443,7 +456,8 @@ def _overlaps(spans):
 @pytest.mark.skipif(not GPU_TRACES, reason="no recorded CUDA allocator trace in tests/data")
 @pytest.mark.parametrize("path", GPU_TRACES)
 def test_recorded_cuda_trace_same_overlapping_pairs_and_the_cross_stream_alias(path):
-    trace = json.load(open(path))
+    with open(path) as f:
+        trace = json.load(f)
     # torch.cuda.graph's own 8-byte RNG-state tensors are made before capture begins, in the
     # default pool, not the graph's: keep what the decode step itself allocated
     events, outside = [], set()

@@ -2,6 +2,7 @@ import json
 
 import pytest
 import torch
+from scipy.stats import binom
 
 from kernels import indexer as kx
 from nblib.backends import device
@@ -9,8 +10,8 @@ from nblib.core import stats
 from nblib.core.results import Results
 from nblib.engine.model import ModelConfig
 from nblib.engine.runner import Runner, bucket_for
-from nblib.engine.workload import WorkloadConfig, run_sessions
-from nblib.studies.reproduce import check_matrix_args, fingerprint
+from nblib.engine.workload import WorkloadConfig, in_bucket, run_sessions
+from nblib.studies.reproduce import check_matrix_args, fingerprint, verdict
 
 W = dict(
     sessions=6,
@@ -122,6 +123,27 @@ def test_fingerprint_reports_what_rows_say():
     assert fp["bucket 1"]["upper95"] == pytest.approx(stats.wilson(0, 10)[1])
 
 
+def test_fingerprint_shows_a_bucket_the_pool_hides():
+    """Pooled, buckets 2 and 8 corrupt (the GPU run's 40/40 and 0/40); per bucket, 8 never does."""
+    racy = dict(index_dtype="bf16", mode="graph", overlap="on", sessions=40)
+    rows = [dict(racy, bucket=1, corrupted_sessions=0), dict(racy, bucket=2, corrupted_sessions=40)]
+    rows.append(dict(racy, bucket=8, corrupted_sessions=0))
+    fp = fingerprint(rows)
+    pooled = {c["check"]: c for c in fp if c["scope"] == "pooled"}
+    assert pooled["bf16 + graph + overlap on, bucket > 1"]["corrupted"] == 40
+    per = [(c["check"], c["corrupted"], c["sessions"], c["holds"]) for c in fp if c["scope"] == "bucket"]
+    assert per == [
+        ("bf16 + graph + overlap on, bucket 2", 40, 40, True),
+        ("bf16 + graph + overlap on, bucket 8", 0, 40, False),
+    ]
+    v = verdict(fp, rows)
+    assert v.startswith("fingerprint reproduced") and v.endswith(
+        "never corrupted (the alias depends on sizes): bucket 8 0/40."
+    )
+    rows[2]["corrupted_sessions"] = 5
+    assert "never corrupted" not in verdict(fingerprint(rows), rows)
+
+
 def test_results_status_is_ok_only_after_finish(tmp_path, eager_dev):
     eager_dev.device_name = lambda: "cpu"
     res = Results("nb", tmp_path, eager_dev, {"a": 1})
@@ -148,8 +170,6 @@ def test_sessions_needed_sanity():
     assert n >= 48 and stats.fisher_power(n, 0.15, 0) >= 0.8 > stats.fisher_power(n - 5, 0.15, 0)
     assert stats.sessions_needed(0.5) < stats.sessions_needed(0.15) < stats.sessions_needed(0.05)
     # exact power equals brute-force enumeration through scipy's Fisher test
-    from scipy.stats import binom
-
     brute = sum(
         binom.pmf(a, 10, 0.3) * binom.pmf(b, 10, 0.05)
         for a in range(11)
@@ -162,8 +182,6 @@ def test_sessions_needed_sanity():
 
 
 def test_in_bucket_counts_only_the_steps_replayed_in_that_bucket():
-    from nblib.engine.workload import in_bucket
-
     # a concurrency-8 run whose tail (2 sessions left) replays bucket 2, where the only bad row is
     log = [
         dict(bucket=8, sessions=[0, 1, 2], bad_rows=0, rows=[0, 0, 0]),

@@ -4,7 +4,6 @@ The file is rewritten atomically at every update; "status" is "running" until th
 cell sets it to "ok", so a run that died (or timed out inside papermill) never says ok.
 """
 
-import json
 import os
 import platform
 import subprocess
@@ -12,56 +11,60 @@ from pathlib import Path
 
 import torch
 
-from nblib.core.atomic import write_text
+from nblib.core.files import write_json
 from nblib.core.paths import ROOT
 
+try:  # optional: the simulator and the torch references run without Triton
+    import triton
+except ImportError:
+    triton = None
 
-def write_json(path, obj):
-    """Write atomically: a crash mid-write leaves the old file, never half a file."""
-    write_text(path, json.dumps(obj, indent=1, default=str) + "\n")
+__all__ = ["Results", "commit", "environment", "write_json"]
+
+
+def _git(*args):
+    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
 
 
 def commit():
-    """HEAD's hash, with "+dirty" when the working tree differs from it. NBLIB_COMMIT, when set,
-    wins: a copy of the tree on another machine (the device) may carry a stale .git."""
-    if os.environ.get("NBLIB_COMMIT", "unknown") != "unknown":
-        return os.environ["NBLIB_COMMIT"]
-    root = ROOT
+    """This project's HEAD, with "+dirty" when the working tree differs from it; "unknown" when it
+    cannot be told. NBLIB_COMMIT, when set, wins: a copy of the tree on another machine (the device)
+    may carry a stale .git or none. A git repository that merely encloses the project (a copy
+    unpacked inside another checkout) is not this project's history, so it is not asked."""
+    carried = os.environ.get("NBLIB_COMMIT", "unknown")
+    if carried != "unknown":
+        return carried
     try:
-        head = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True, text=True
-        ).stdout.strip()
-        return head + ("+dirty" if dirty else "")
+        if Path(_git("rev-parse", "--show-toplevel")).resolve() != ROOT:
+            return "unknown"
+        head = _git("rev-parse", "HEAD")
+        dirty = _git("status", "--porcelain", "--untracked-files=no")
     except (OSError, subprocess.CalledProcessError):
-        return os.environ.get("NBLIB_COMMIT", "unknown")
+        return "unknown"
+    return head + ("+dirty" if dirty else "")
 
 
 def environment(dev):
-    try:
-        import triton
-
-        triton_version = triton.__version__
-    except ImportError:
-        triton_version = None
     return dict(
         backend=dev.name,
         device=dev.device_name(),
         torch=torch.__version__,
-        triton=triton_version,
+        triton=triton.__version__ if triton else None,
         commit=commit(),
         python=platform.python_version(),
     )
 
 
 class Results:
-    """One notebook's results.json: start() it in the setup cell, finish() it in the last."""
+    """One notebook's results.json: opened by nblib.setup in the setup cell, finish() in the last.
+    params: the parameters applied after defaults; fixed: what the notebook runs whatever the
+    profile says (e.g. bf16 only), so the file records what ran, not what was listed."""
 
-    def __init__(self, notebook, output_dir, dev, params):
+    def __init__(self, notebook, output_dir, dev, params, fixed=None):
         self.path = Path(output_dir) / f"{notebook}.results.json"
         self.data = dict(notebook=notebook, status="running", **environment(dev), params=params)
+        if fixed:
+            self.data["fixed"] = fixed
         write_json(self.path, self.data)
 
     def __setitem__(self, key, value):

@@ -5,8 +5,16 @@ One step for a batch of requests:
                 crossed a 4-token boundary; project the indexer's queries and head weights
   indexer       logits[b, t] = sum_h w[b,h] relu(q[b,h] . k[t]) over the paged index-K cache,
                 then top-k (the entries sparse attention will read)
-  main stream   the MLP, large enough to run alongside the indexer
+  main stream   the trunk: `trunk_layers` small layers (layer norm, [bs, W] x [W, W], silu,
+                residual), many short kernels that leave most SMs idle at decode batch sizes (what
+                makes the overlap pay), then the MLP, whose large transients come from the large pool
   join          sparse attention over the top-k entries, output projection
+
+The race's window: with overlap on, the main stream frees the bf16 logits right after forking, and
+its first op that reuses the block is a transient of the MLP, after the trunk. The side branch
+(indexer over this step's contexts, then top-k reading the logits) must finish before that op
+writes, or the two touch the same bytes. The trunk's duration is the main branch's lead; the
+indexer's grows with the batch's contexts, so only long-context steps lose the race.
 
 Knobs, as in the real engine:
   index_dtype   bf16 | fp8     the index-K cache layout (kernels.indexer)
@@ -54,6 +62,12 @@ class ModelConfig:
     ffn: int = 32768
     num_pages: int = 4096  # pages in each cache, page 0 is scratch
     vocab: int = 4096
+    trunk_layers: int = 0  # main-branch layers between the fork and the MLP (the race's lead)
+    trunk_width: int = 2048
+    # indexer programs per request: 0 fills the GPU (the main branch then waits for SMs, and the
+    # race's margin no longer depends on the contexts); n > 0 leaves SMs to the overlapped main
+    # branch, so the indexer's time follows the longest context in the batch
+    indexer_programs: int = 0
     index_dtype: str = "bf16"
     overlap: str = "on"
     logits_policy: str = "transient"
@@ -91,6 +105,10 @@ class DecodeModel:
         self.w_o = w(D, M, scale=D**-0.5)
         self.w_up = w(M, cfg.ffn, scale=M**-0.5)
         self.w_down = w(cfg.ffn, M, scale=cfg.ffn**-0.5)
+        W = cfg.trunk_width
+        self.w_tin = w(M, W, scale=M**-0.5)
+        self.w_trunk = [w(W, W, scale=W**-0.5) for _ in range(cfg.trunk_layers)]
+        self.w_tout = w(W, M, scale=W**-0.5)
         slots = cfg.num_pages * PAGE
         if cfg.index_dtype == "bf16":
             self.index_cache = torch.zeros(cfg.num_pages, PAGE, D, dtype=torch.bfloat16, device=d)
@@ -145,11 +163,11 @@ class DecodeModel:
             if cfg.logits_policy == "record_stream" and logits is not None:
                 dev.record_stream(logits, self.side)  # the free waits for the side stream's use
             del logits  # the engine's transient dies here, before the join
-            y = self.mlp(x)
+            y = self.main_branch(x)
             main.wait_stream(self.side)
         else:
             topk = self.indexer(q, head_w, page_table, seq_lens, self._logits_buffer(len(tokens), use="main"))
-            y = self.mlp(x)
+            y = self.main_branch(x)
         return y + self.sparse_attention(x, topk, page_table, seq_lens), topk
 
     def _logits_buffer(self, bs, use):
@@ -179,12 +197,31 @@ class DecodeModel:
             logits = torch.empty(q.shape[0], cfg.max_ctx, dtype=torch.float32, device=self.dev.torch_device)
             self.note("indexer.logits", logits)
         if cfg.index_dtype == "bf16":
-            kx.indexer_logits_bf16(q, head_w, self.index_cache, page_table, seq_lens, logits)
+            kx.indexer_logits_bf16(
+                q, head_w, self.index_cache, page_table, seq_lens, logits, cfg.indexer_programs
+            )
         else:
             kx.indexer_logits_fp8(
-                q.to(torch.float8_e4m3fn), head_w, self.index_cache, page_table, seq_lens, logits
+                q.to(torch.float8_e4m3fn),
+                head_w,
+                self.index_cache,
+                page_table,
+                seq_lens,
+                logits,
+                cfg.indexer_programs,
             )
         return logits
+
+    def main_branch(self, x):
+        """The main stream's work while the indexer runs: the trunk, then the MLP."""
+        return self.mlp(x + self.trunk(x)) if self.cfg.trunk_layers else self.mlp(x)
+
+    def trunk(self, x):
+        """Small residual layers: each a handful of short kernels on [bs, trunk_width]."""
+        h = x @ self.w_tin
+        for wl in self.w_trunk:
+            h = h + F.silu(F.layer_norm(h, h.shape[-1:]) @ wl)
+        return h @ self.w_tout
 
     def mlp(self, x):
         h = x @ self.w_up

@@ -9,6 +9,7 @@ Inputs are teacher-forced (token ids come from the session, not from the model's
 session's inputs never depend on whether an earlier step was corrupted.
 """
 
+import math
 from collections import deque
 from dataclasses import dataclass
 
@@ -18,6 +19,9 @@ from nblib.engine.model import PAGE
 from nblib.engine.runner import SCRATCH_SLOT, bucket_for
 
 
+CTX_DISTS = ("uniform", "loguniform")
+
+
 @dataclass(frozen=True)
 class WorkloadConfig:
     sessions: int = 40
@@ -25,6 +29,7 @@ class WorkloadConfig:
     concurrency: int = 8
     ctx_min: int = 1024  # compressed entries in the first prompt
     ctx_max: int = 32768
+    ctx_dist: str = "uniform"  # first prompt's entries: uniform | loguniform (many short, few long)
     turn_ctx: int = 2048  # compressed entries each later round adds (tool output, user turn)
     out_min: int = 16  # tokens decoded per round
     out_max: int = 128
@@ -33,12 +38,22 @@ class WorkloadConfig:
     out_tol: float = 1e-2  # output divergence threshold, relative to the reference's max |x|
     seed: int = 0
 
+    def __post_init__(self):
+        if self.ctx_dist not in CTX_DISTS:
+            raise ValueError(f"unknown ctx_dist {self.ctx_dist!r}: choose one of {', '.join(CTX_DISTS)}")
+
 
 class Session:
     def __init__(self, sid, rng, w):
         self.sid, self.round, self.c4_len, self.pos = sid, 0, 0, 0
         self.pages, self.corrupted = [], False
-        self.first_ctx = int(torch.randint(w.ctx_min, w.ctx_max + 1, (1,), generator=rng))
+        if w.ctx_dist == "loguniform":
+            u = float(torch.rand(1, generator=rng))
+            self.first_ctx = int(
+                math.exp(math.log(w.ctx_min) + u * (math.log(w.ctx_max) - math.log(w.ctx_min)))
+            )
+        else:
+            self.first_ctx = int(torch.randint(w.ctx_min, w.ctx_max + 1, (1,), generator=rng))
         self.outs = torch.randint(w.out_min, w.out_max + 1, (w.rounds,), generator=rng).tolist()
         self.thinks = torch.randint(w.think_min, w.think_max + 1, (w.rounds,), generator=rng).tolist()
         self.left = 0
@@ -165,7 +180,16 @@ def run_sessions(runner, w: WorkloadConfig, instruments=()):
         scale = ref_out.float().abs().amax(1).clamp(min=1.0)
         bad |= (out.float() - ref_out.float()).abs().amax(1) > w.out_tol * scale
         pending.append(bad.to(torch.uint8))
-        steps.append(dict(bs=len(batch), bucket=bucket, sessions=[s.sid for s in batch]))
+        # the step's contexts: the indexer's work, so the side branch's length (the race's window)
+        steps.append(
+            dict(
+                bs=len(batch),
+                bucket=bucket,
+                sessions=[s.sid for s in batch],
+                ctx_sum=sum(lens),
+                ctx_max=max(lens),
+            )
+        )
         for s in batch:
             s.left -= 1
             if s.left == 0:

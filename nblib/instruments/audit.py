@@ -1,8 +1,8 @@
 """The capture audit: name every cross-stream race in a capture, from the capture alone.
 
-    report = nblib.instruments.audit.audit_capture(fn, *args, device=dev)     # captures fn(*args) and audits it
-    with nblib.instruments.audit.recording(dev) as rec:                         # or around code that captures
-        runner.capture(record=rec)                                  # (rec(bucket) labels captures)
+    report = audit.audit_capture(fn, *args, device=dev)     # captures fn(*args) and audits it
+    with audit.recording(dev) as rec:                         # or around code that captures
+        runner.capture(record=rec)                            # (rec(bucket) labels captures)
     report = rec.report(names=model.captures)
     report.ok, report.hazards, print(report), report.rows()
 
@@ -21,10 +21,16 @@ same with or without it.
 import os
 import time
 import traceback
+import warnings
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
+import numpy as np
+import torch
+
+from nblib.backends.sim.rules import CUDA_TEXTS, RULES, SimCaptureError
 from nblib.instruments import trace as T
-from nblib.instruments.trace import recording, site  # noqa: F401  (part of this module's API)
+from nblib.instruments.trace import site  # noqa: F401  (part of this module's API)
 
 KINDS = ("read-after-write", "write-after-read", "write-after-write")
 
@@ -43,17 +49,16 @@ def happens_before(tr):
     clock at the op: the last tick of every stream known to happen before it)."""
     clocks, events = {}, {}
     for e in tr.events:
-        kind = e[0]
-        if kind == "op":
-            op = e[1]
+        if e.kind == "op":
+            op = e.op
             c = clocks.setdefault(op.stream, {})
             c[op.stream] = c.get(op.stream, 0) + 1
             op.epoch, op.vc = c[op.stream], dict(c)
-        elif kind == "record":
-            events[e[2]] = dict(clocks.get(e[1], {}))
-        elif kind == "wait":
-            c = clocks.setdefault(e[1], {})
-            for s, t in events.get(e[2], {}).items():  # an event never recorded: waits for nothing
+        elif e.kind == "record":
+            events[e.clock] = dict(clocks.get(e.stream, {}))
+        elif e.kind == "wait":
+            c = clocks.setdefault(e.stream, {})
+            for s, t in events.get(e.clock, {}).items():  # an event never recorded: waits for nothing
                 if t > c.get(s, 0):
                     c[s] = t
     return tr
@@ -176,32 +181,67 @@ def _kind(first, second):
     return "read-after-write" if first.writes else "write-after-read"
 
 
+class _Span(NamedTuple):
+    """One access as a byte interval, for the sweep over addresses."""
+
+    lo: int
+    hi: int
+    op: T.Op
+    access: T.Access
+
+
+MAX_EXACT = 1 << 22  # elements: larger strided views are compared by extent (may over-report)
+
+
+def _element_starts(a):
+    """Sorted byte addresses of an access's elements and the bytes each covers."""
+    if a.layout is None:
+        return np.array([a.addr], dtype=np.int64), a.nbytes
+    shape, stride, size = a.layout
+    starts = np.zeros(1, dtype=np.int64)
+    for n, st in zip(shape, stride):
+        starts = (starts[:, None] + np.arange(n, dtype=np.int64) * (st * size)).ravel()
+    return np.sort(a.addr + starts), size
+
+
+def share_bytes(a, b):
+    """Whether two accesses whose extents overlap touch a common byte: exact for strided views
+    (interleaved columns share an extent and no byte)."""
+    if a.layout is None and b.layout is None:
+        return True
+    if any(x.layout is not None and np.prod(x.layout[0]) > MAX_EXACT for x in (a, b)):
+        return True
+    sa, na = _element_starts(a)
+    sb, nb = _element_starts(b)
+    j = np.searchsorted(sb, sa + na) - 1  # the last element of b starting before each a ends
+    ok = j >= 0
+    return bool(np.any(sb[j[ok]] + nb > sa[ok]))
+
+
 def races(tr):
     """Every racing access pair of one trace, merged per (op pair, allocation pair, kind)."""
     happens_before(tr)
-    acc = sorted(
-        ((a.addr, a.addr + a.nbytes, op, a) for op in tr.ops for a in op.accesses), key=lambda x: x[0]
+    spans = sorted(
+        (_Span(a.addr, a.addr + a.nbytes, op, a) for op in tr.ops for a in op.accesses), key=lambda x: x.lo
     )
     found, active = {}, []
-    for item in acc:
-        lo = item[0]
-        active = [x for x in active if x[1] > lo]
+    for y in spans:
+        active = [x for x in active if x.hi > y.lo]
         for x in active:
-            (xa, xb, xop, xacc), (_, yb, yop, yacc) = x, item
-            if xop is yop or xop.stream == yop.stream or not (xacc.writes or yacc.writes):
+            if x.op is y.op or x.op.stream == y.op.stream or not (x.access.writes or y.access.writes):
                 continue
-            (f, fa), (s, sa) = sorted(((xop, xacc), (yop, yacc)), key=lambda p: p[0].index)
-            if ordered(f, s):
+            f, s = sorted((x, y), key=lambda p: p.op.index)
+            if ordered(f.op, s.op) or not share_bytes(x.access, y.access):
                 continue
-            kind = _kind(fa, sa)
-            key = (f.index, s.index, id(fa.alloc), id(sa.alloc), kind)
-            olo, ohi = max(xa, lo), min(xb, yb)
+            kind = _kind(f.access, s.access)
+            key = (f.op.index, s.op.index, id(f.access.alloc), id(s.access.alloc), kind)
+            olo, ohi = max(x.lo, y.lo), min(x.hi, y.hi)
             h = found.get(key)
             if h is None:
-                found[key] = Hazard(kind, tr.label, f, s, fa, sa, olo, ohi)
+                found[key] = Hazard(kind, tr.label, f.op, s.op, f.access, s.access, olo, ohi)
             else:
                 h.lo, h.hi, h.count = min(h.lo, olo), max(h.hi, ohi), h.count + 1
-        active.append(item)
+        active.append(y)
     return sorted(found.values(), key=lambda h: (h.first.index, h.second.index, h.lo))
 
 
@@ -304,6 +344,11 @@ def name_allocations(traces, names):
                     a.name = n["tensor"]
 
 
+def recording(dev):
+    """`with recording(dev) as rec:` records every capture made inside; rec.report() audits them."""
+    return T.recording(dev, analyse=audit)
+
+
 def audit(traces, names=None):
     """Audit recorded captures (nblib.instruments.trace.CaptureTrace list); incomplete ones are skipped."""
     t0 = time.perf_counter()
@@ -311,44 +356,106 @@ def audit(traces, names=None):
     if names:
         name_allocations(done, names)
     hazards = [h for t in done for h in races(t)]
-    return Report(done, hazards, time.perf_counter() - t0, incomplete=len(traces) - len(done))
+    notes = [
+        f"{t.title()}: {op.name} on stream {op.stream} at {T.site(op.stack)} is a raw Triton launch that "
+        "declares no tensors, so its accesses were not audited (wrap it in a torch.library custom op "
+        "with mutates_args, or give the kernel a launch_metadata that returns its tensors)"
+        for t in done
+        for op in t.ops
+        if op.opaque
+    ]
+    rep = Report(done, hazards, time.perf_counter() - t0, incomplete=len(traces) - len(done))
+    rep.notes.extend(notes)
+    return rep
 
 
-def audit_capture(fn, *args, device, pool=None, names=None, label=None, **kwargs):
+def audit_capture(fn, *args, device, pool=None, names=None, label=None, keep_graph=False, **kwargs):
     """Capture fn(*args, **kwargs) on `device` into a new graph and audit it. The report carries
-    the graph (report.graph) and what fn returned (report.result). If fn raises, nothing is left
-    capturing, the current stream is restored, and AuditCaptureError names the op (or the line)."""
+    the graph (report.graph) and what fn returned (report.result); keep_graph=True keeps CUDA's
+    graph readable for nblib.instruments.audit_graph's cross-check. If fn raises, nothing is left
+    capturing, the current stream is restored, and AuditCaptureError names the user's line, the op,
+    and the capture rule it broke (if it broke one)."""
     dev = device
-    g = dev.CUDAGraph()
+    g = dev.CUDAGraph(keep_graph=keep_graph)
     prev = dev.current_stream()
     rec = recording(dev)
-    with rec:
+    # warnings raised inside the capture (torch's CUDA warnings from destructors) help name the rule
+    with rec, warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         try:
             with rec(**(label or {})), dev.graph(g, pool=pool):
                 result = fn(*args, **kwargs)
         except Exception as e:
-            raise AuditCaptureError(_failure(fn, e)) from e
+            raise AuditCaptureError(_failure(fn, e, [str(w.message) for w in caught])) from e
         finally:
-            _restore_stream(dev, prev)
+            restore_stream(dev, prev)
+    for w in caught:  # passed on, now that the capture is over
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     report = rec.report(names=names)
     report.result, report.graph = result, g
     return report
 
 
-def _failure(fn, e):
+def _chain(e):
+    """An error and the errors it was raised during, outermost first."""
+    out = []
+    while e is not None and all(e is not x for x in out):
+        out.append(e)
+        e = e.__cause__ or e.__context__
+    return out
+
+
+def _rule_of_one(e):
+    if isinstance(e, SimCaptureError):
+        return e.rule
+    text = str(e)
+    for cuda_text, rule in CUDA_TEXTS.items():
+        if cuda_text in text:
+            if rule == "sync" and any(f.name == "query" for f in traceback.extract_tb(e.__traceback__)):
+                return "query"
+            return rule
+    return None
+
+
+def rule_of(e, warned=()):
+    """The capture rule an error broke, or None: the first error of the chain that names one (a
+    capture invalidated earlier fails later with 'a previous error', which names none), else a
+    warning torch gave meanwhile (destroying a graph inside a capture only warns)."""
+    rules = [_rule_of_one(x) for x in reversed(_chain(e))]  # the first error first
+    for x, r in zip(reversed(_chain(e)), rules):
+        if r == "invalidated" and getattr(x, "cause", None):
+            return x.cause
+        if r is not None and r != "invalidated":
+            return r
+    if any(RULES["graph_destroyed"].cuda_text in w and "reset" in w for w in warned):
+        return "graph_destroyed"
+    return next((r for r in rules if r), None)
+
+
+def _failure(fn, e, warned=()):
     name = getattr(fn, "__qualname__", None) or repr(fn)
+    chain = _chain(e)
+    root = chain[-1]
     where = ""
-    frames = [f for f in traceback.extract_tb(e.__traceback__) if not T._skip(f.filename)]
+    frames = [f for f in traceback.extract_tb(root.__traceback__) if not T.skip(f.filename)]
     if frames:
         f = frames[-1]
         where = f" at {os.path.basename(f.filename)}:{f.lineno} in {f.name}"
-    notes = " ".join(getattr(e, "__notes__", []))
-    return f"capturing {name} failed{where}: {type(e).__name__}: {e}" + (f" {notes}" if notes else "")
+    notes = " ".join(getattr(root, "__notes__", []))
+    msg = f"capturing {name} failed{where}: {type(root).__name__}: {root}" + (f" {notes}" if notes else "")
+    if root is not e:
+        msg += f"; then {type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+    rule = rule_of(e, warned)
+    if rule is not None and rule in RULES:
+        r = RULES[rule]
+        msg += f" [rule {rule}: {r.says} ({r.cuda_error})]"
+    return msg
 
 
-def _restore_stream(dev, prev):
+def restore_stream(dev, prev):
+    """Make `prev` the current stream again (torch.cuda.graph skips this when capture_end raises)."""
     if dev.name == "cuda":
-        import torch
-
-        if torch.cuda.current_stream() != prev:  # torch.cuda.graph skips this when capture_end raises
+        if torch.cuda.current_stream() != prev:
             torch.cuda.set_stream(prev)
+    else:
+        dev._cur = prev

@@ -21,7 +21,9 @@ current stream (after the replay, in stream order) and a small copy to the host.
 
 import torch
 
+from nblib.engine import build
 from nblib.engine.model import PAGE
+from nblib.engine.runner import Runner
 
 SCRATCH_PAGE = 0
 CLASSES = ("expected", "scratch", "live_overwrite", "free_write")
@@ -180,35 +182,30 @@ def watch(
     `bucket` sessions decoding together, as in notebook 00). `model`, `workload`: dicts of config
     values. Returns one row per (overlap, bucket): the sessions' verdicts and the canary's summary.
     The canary adds no node to the graph, so the replays are the uninstrumented ones."""
-    from nblib.engine.model import DecodeModel, ModelConfig
-    from nblib.engine.runner import Runner
-    from nblib.engine.workload import WorkloadConfig, in_bucket, run_sessions
-
     rows = []
     for overlap in overlaps:
-        m = DecodeModel(
-            ModelConfig(**model, index_dtype=index_dtype, overlap=overlap, logits_policy=logits_policy), dev
-        )
+        m = build.model(dev, model, index_dtype=index_dtype, overlap=overlap, logits_policy=logits_policy)
         runner = Runner(m, buckets, "graph").capture()
         for b in sorted(buckets):
             m.index_cache.zero_()
             m.kv_cache.zero_()  # a fresh engine: the last run's entries would
             c = Canary(m)  # make this run's identical stores no-ops
-            r = run_sessions(runner, WorkloadConfig(**{**workload, "concurrency": b}), [c])
+            r, counts = build.bucket_run(runner, workload, b, [c])
+            s = c.summary()
             rows.append(
                 dict(
                     index_dtype=index_dtype,
                     overlap=overlap,
                     bucket=b,
-                    **in_bucket(r, b),
-                    **{k: v for k, v in c.summary().items() if k != "steps"},
-                    replays=c.summary()["steps"],
+                    **counts,
+                    **{k: v for k, v in s.items() if k != "steps"},
+                    replays=s["steps"],
                 )
             )
             if progress:
                 progress(
                     f"overlap {overlap:3s} bucket {b}: corrupted {r['corrupted_sessions']}/{r['sessions']}; "
-                    + describe(c.summary())
+                    + describe(s)
                 )
         del runner, m
     return rows

@@ -21,13 +21,13 @@ import subprocess
 import sys
 import time
 
+from nblib.backends import device
 from nblib.core.paths import ROOT
 
 
 def sanitize(model, buckets, index_dtype="bf16", overlap="on", logits_policy="transient", timeout=600):
-    """Capture every bucket of one configuration with CSAN enabled, in a child process."""
-    from nblib.backends import device
-
+    """Capture every bucket of one configuration with CSAN enabled, in a child process that must
+    answer within `timeout` seconds."""
     device.get("cuda")  # no GPU: one line now, not a child's traceback
     spec = dict(
         model=model,
@@ -41,14 +41,21 @@ def sanitize(model, buckets, index_dtype="bf16", overlap="on", logits_policy="tr
         k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"
     }  # real kernels, not the interpreter
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
-    p = subprocess.run(
-        [sys.executable, "-m", "nblib.instruments.csan", json.dumps(spec)],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=root,
-        env=env,
-    )
+    try:
+        p = subprocess.run(
+            [sys.executable, "-m", "nblib.instruments.csan", json.dumps(spec)],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=root,
+            env=env,
+            check=False,  # a failed child is reported below, with its stderr
+        )
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(
+            f"the CSAN child process ran past {timeout} s ({logits_policy}, buckets {list(buckets)}): "
+            "give it fewer or smaller buckets, or a longer timeout"
+        ) from None
     lines = [x for x in p.stdout.splitlines() if x.startswith("{")]
     if not lines:
         raise RuntimeError(f"the CSAN child process failed (exit {p.returncode}): {p.stderr.strip()[-3000:]}")
@@ -56,9 +63,12 @@ def sanitize(model, buckets, index_dtype="bf16", overlap="on", logits_policy="tr
     return r
 
 
-def compare(model, buckets, policies=("transient", "record_stream", "persistent"), index_dtype="bf16"):
-    """CSAN on the buggy configuration and on the two fixes (overlap on), one child process each."""
-    return [sanitize(model, buckets, index_dtype, "on", p) for p in policies]
+def compare(
+    model, buckets, policies=("transient", "record_stream", "persistent"), index_dtype="bf16", timeout=600
+):
+    """CSAN on the buggy configuration and on the two fixes (overlap on), one child process each,
+    each within `timeout` seconds."""
+    return [sanitize(model, buckets, index_dtype, "on", p, timeout) for p in policies]
 
 
 _GIST = re.compile(r"data race on tensor|[Aa]ccess by stream|during kernel|writing to|reading from")
@@ -76,6 +86,7 @@ def _errors(e):
 
 def _control():
     """CSAN's documentation example: a tensor written on a new stream without a sync. It must report."""
+    # the child's imports stay in the child: CSAN installs process-wide hooks once imported and enabled
     import torch
     from torch.cuda._sanitizer import CUDASanitizerErrors
 
@@ -89,10 +100,10 @@ def _control():
 
 
 def _child(spec):
+    # the child's imports stay in the child (see _control)
     import torch
     from torch.cuda._sanitizer import CUDASanitizerErrors, enable_cuda_sanitizer
 
-    from nblib.backends import device
     from nblib.engine.model import DecodeModel, ModelConfig
     from nblib.engine.runner import Runner
 

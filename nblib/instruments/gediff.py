@@ -24,6 +24,9 @@ the corruption rate with it on and off (notebook 02) before trusting a clean dif
 import torch
 
 from kernels import indexer as kx
+from nblib.core import stats
+from nblib.engine import build
+from nblib.engine.runner import Runner
 
 INPUTS = ("q", "head_w", "page_table", "seq_lens")
 
@@ -168,12 +171,8 @@ def arms(
     they differ only by the differential (its captured clones and its eager recompute).
     Returns (rows, gd): rows have arm, bucket, sessions, corrupted_sessions, steps, corrupted_steps,
     and for the on arm the differential's comparisons and divergences; gd holds its records and lines."""
-    from nblib.engine.model import DecodeModel, ModelConfig
-    from nblib.engine.runner import Runner
-    from nblib.engine.workload import WorkloadConfig, in_bucket, run_sessions
-
-    cfg = ModelConfig(**model, index_dtype=index_dtype, overlap=overlap, logits_policy=logits_policy)
-    off_model, on_model = DecodeModel(cfg, dev), DecodeModel(cfg, dev)
+    knobs = dict(index_dtype=index_dtype, overlap=overlap, logits_policy=logits_policy)
+    off_model, on_model = build.model(dev, model, **knobs), build.model(dev, model, **knobs)
     gd = GEDiff(on_model)
     runners = dict(off=Runner(off_model, buckets).capture(), on=Runner(on_model, buckets).capture())
     rows, records = [], []
@@ -181,10 +180,8 @@ def arms(
         for arm in ("off", "on"):
             dev.manual_seed(seed)
             gd.records = []
-            r = run_sessions(
-                runners[arm], WorkloadConfig(**{**workload, "concurrency": b}), [gd] if arm == "on" else ()
-            )
-            row = dict(arm=arm, bucket=b, **in_bucket(r, b))
+            r, counts = build.bucket_run(runners[arm], workload, b, [gd] if arm == "on" else ())
+            row = dict(arm=arm, bucket=b, **counts)
             if arm == "on":
                 row.update(comparisons=len(gd.records), diverged=sum(x["diverged"] for x in gd.records))
                 records += [dict(x, concurrency=b) for x in gd.records]
@@ -205,8 +202,6 @@ def arms(
 def compare_arms(rows, min_bucket=2):
     """Pool each arm over buckets >= min_bucket (the campaign's batch size > 1): Wilson intervals
     and Fisher's exact p-value for 'the differential does not change the rate'."""
-    from nblib.core import stats
-
     pooled = {}
     for arm in ("off", "on"):
         sel = [r for r in rows if r["arm"] == arm and r["bucket"] >= min_bucket]
@@ -228,8 +223,6 @@ def compare_arms(rows, min_bucket=2):
 
 def verdict(pooled, fisher, summary, alpha=0.05):
     """One sentence: did the differential see divergence, and did turning it on change the rate?"""
-    from nblib.core import stats
-
     off, on = pooled
     rate = lambda r: stats.fmt_rate(r["corrupted_sessions"], r["sessions"])
     seen = (

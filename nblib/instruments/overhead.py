@@ -10,9 +10,8 @@ time.perf_counter around a replay that completes before returning (host time of 
 import statistics
 import time
 
-import torch
-
-from nblib.engine.model import PAGE, DecodeModel, ModelConfig
+from nblib.engine import build
+from nblib.engine.build import full_batch  # lives in the engine; nblib.studies.fix imports it from here
 from nblib.engine.runner import Runner
 from nblib.instruments.canary import Canary
 from nblib.instruments.gediff import GEDiff
@@ -48,24 +47,18 @@ def timed(measure, fn, replays, warmup):
     return [measure(fn) for _ in range(warmup + replays)][warmup:]
 
 
-def full_batch(m, bucket, seed=0):
-    """A full bucket of requests at half the longest context, their pages prefilled."""
-    per = m.cfg.max_ctx // 2
-    npages = -(-per // PAGE)
-    if 1 + bucket * npages > m.cfg.num_pages:
-        npages = max(1, (m.cfg.num_pages - 1) // bucket)
-        per = npages * PAGE - 1
-    d = m.dev.torch_device
-    table = torch.zeros(bucket, m.cfg.max_ctx // PAGE, dtype=torch.int32)
-    table[:, :npages] = torch.arange(1, 1 + bucket * npages, dtype=torch.int32).view(bucket, npages)
-    m.prefill_entries(
-        torch.arange(PAGE, PAGE * (1 + bucket * npages), device=d),
-        torch.Generator(device=d).manual_seed(seed),
-    )
-    lens = torch.full((bucket,), per, dtype=torch.int32)
-    stores = table[:, (per - 1) // PAGE].long() * PAGE + (per - 1) % PAGE
-    tokens = torch.arange(bucket) * 7 % m.cfg.vocab
-    return tuple(x.to(d) for x in (tokens, table, lens, stores))
+def _replay(runner, batch, inst=None):
+    """One replay of `batch`, wrapped in the instrument's before and after, as run_sessions does."""
+    step = batch.step()
+
+    def once():
+        if inst:
+            inst.before(step)
+        runner.run(*batch)
+        if inst:
+            inst.after(step)
+
+    return once
 
 
 def replay_times(
@@ -79,36 +72,29 @@ def replay_times(
     logits_policy="transient",
     seed=0,
 ):
-    """Median replay time (ms) for neither, canary, gediff, and the ratios to neither."""
-    cfg = ModelConfig(**model, index_dtype=index_dtype, overlap=overlap, logits_policy=logits_policy)
+    """Median replay time (ms) for neither, canary, gediff. ratio: median over neither's median
+    (None for neither itself, the reference); calls: the instrument's own records, one per timed or
+    warmup replay, so a row whose instrument never ran shows it."""
     method, measure = timer(dev)
     out = []
     for name in ("neither", "canary", "gediff"):
-        m = DecodeModel(cfg, dev)
+        m = build.model(dev, model, index_dtype=index_dtype, overlap=overlap, logits_policy=logits_policy)
         inst = Canary(m) if name == "canary" else GEDiff(m) if name == "gediff" else None
         runner = Runner(m, [bucket]).capture()
-        args = full_batch(m, bucket, seed)
-        step = dict(
-            bs=bucket,
-            bucket=bucket,
-            tokens=args[0],
-            page_table=args[1],
-            seq_lens=args[2],
-            store_slots=args[3],
+        times = timed(measure, _replay(runner, full_batch(m, bucket, seed), inst), replays, warmup)
+        out.append(
+            dict(
+                instrument=name,
+                bucket=bucket,
+                replays=replays,
+                warmup=warmup,
+                median_ms=statistics.median(times),
+                calls=len(inst.records) if inst else 0,
+                method=method,
+            )
         )
-
-        def once():
-            if inst:
-                inst.before(step)
-            runner.run(*args)
-            if inst:
-                inst.after(step)
-
-        times = timed(measure, once, replays, warmup)
-        out.append(dict(instrument=name, bucket=bucket, replays=replays, median_ms=statistics.median(times)))
         del runner, m
     base = out[0]["median_ms"]
     for r in out:
-        r["ratio"] = r["median_ms"] / base
-        r["method"] = method
+        r["ratio"] = r["median_ms"] / base if r is not out[0] else None
     return out

@@ -1,4 +1,5 @@
 """python -m nblib run [--params params/gpu.yaml] [--out outputs/gpu] [--only 00 01]
+python -m nblib cells   (rewrite each notebook's parameters cell from the profile schema)
 python -m nblib sweep --params P --grid params/grids/G.yaml [--workers N | --ray auto|local|ADDRESS]
 python -m nblib publish RUN_DIR [--out RUN_DIR/site] [--check]"""
 
@@ -19,6 +20,7 @@ def main(argv=None):
     r.add_argument("--out", help="output folder (default: outputs/<profile name>)")
     r.add_argument("--only", nargs="*", help="notebook name prefixes, e.g. 00 01")
     r.add_argument("--timeout", type=int, default=1800, help="seconds per cell")
+    sub.add_parser("cells", help="rewrite each notebook's parameters cell from the profile schema")
     s = sub.add_parser("sweep", help="a notebook or the suite over a parameter grid, resumably")
     s.add_argument("--params", required=True, help="the profile every point starts from")
     s.add_argument("--grid", required=True, help="grid file (see params/grids/)")
@@ -45,7 +47,25 @@ def _run(args):
     from nblib.publish import suite
 
     for rec in suite.run(args.params, args.out, args.only, args.timeout):
-        print(f"{rec['notebook']:28s} {rec['status']:6s} {rec.get('verdict') or ''}")
+        print(f"{rec['notebook']:26s} {rec['status']:6s} {rec['seconds']:7.1f} s  {rec.get('verdict') or ''}")
+    out = suite.output_dir(args.params, args.out)
+    print(f"outputs: {out}/index.html (every verdict), {out}/writeup.md (the writeup)")
+
+
+def _cells(args):
+    """Each notebook's parameters cell, rewritten from the schema (run `make lint` after)."""
+    import nbformat
+
+    from nblib.core.paths import NOTEBOOK_DIR
+    from nblib.publish import params
+
+    for name in params.DECLARES:
+        path = NOTEBOOK_DIR / f"{name}.ipynb"
+        nb = nbformat.read(path, 4)
+        cell = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
+        cell.source = params.parameters_cell(name)
+        nbformat.write(nb, path)
+        print(f"{path}: parameters cell written from the schema")
 
 
 def _sweep(args):
@@ -79,7 +99,7 @@ def _publish(args):
             sys.exit("site check failed:\n" + "\n".join(check.problems()))
 
 
-COMMANDS = {"run": _run, "sweep": _sweep, "publish": _publish}
+COMMANDS = {"run": _run, "cells": _cells, "sweep": _sweep, "publish": _publish}
 
 if __name__ == "__main__":
     main()

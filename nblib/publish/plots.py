@@ -97,3 +97,25 @@ def step_times(times, variants=None):
     ax.legend()
     fig.tight_layout()
     return fig
+
+
+def race_window(steps, index_dtype="bf16"):
+    """Every step replayed with overlap on, by the longest context in its batch (x) and its bucket
+    (y, jittered within a band), red when any of its rows corrupted. If the window decides the
+    race, each bucket's red points sit to the right of an edge: the side branch (indexer over the
+    longest request, then top-k) outlasts the main branch's lead only on long steps."""
+    sel = [s for s in steps if s["index_dtype"] == index_dtype]
+    buckets = sorted({s["bucket"] for s in sel})
+    fig, ax = plt.subplots(figsize=(9, 0.6 * len(buckets) + 1.6))
+    for j, b in enumerate(buckets):
+        mine = [s for s in sel if s["bucket"] == b]
+        for bad, color, label in ((False, "#9ab", "clean step"), (True, "#d22", "corrupted step")):
+            pts = [s for s in mine if bool(s["bad_rows"]) == bad]
+            ys = [j + 0.6 * ((i * 0.618) % 1 - 0.5) for i in range(len(pts))]
+            ax.scatter([s["ctx_max"] for s in pts], ys, s=9, c=color, label=label if j == 0 else None)
+    ax.set_yticks(range(len(buckets)), [f"bucket {b}" for b in buckets])
+    ax.set_xlabel("longest context in the batch (compressed index entries)")
+    ax.set_title(f"{index_dtype}, graph, overlap on: which steps corrupted")
+    ax.legend(loc="upper left", fontsize=8)
+    fig.tight_layout()
+    return fig

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import ray
 
-from nblib.core.atomic import write_bytes
+from nblib.core.files import write_bytes
 from nblib.core.paths import ROOT
 from nblib.publish import sweep
 

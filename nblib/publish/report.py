@@ -5,18 +5,14 @@ is one a notebook measured. A notebook that did not finish shows as missing, nev
     md = report.writeup(results)          # markdown; report.save(output_dir, md) writes writeup.md
 """
 
+import json
 from pathlib import Path
 
 from nblib.core import stats
-from nblib.core.atomic import write_text
+from nblib.core.files import write_text
+from nblib.core.paths import MEASURING as NOTEBOOKS
+from nblib.publish.show import markdown_table
 
-NOTEBOOKS = (
-    "00_reproduce",
-    "01_canary",
-    "02_graph_vs_eager",
-    "03_stream_overlap",
-    "04_persistent_buffer_fix",
-)
 FIGURES = (
     ("00_matrix_sessions.png", "Corrupted sessions by configuration and bucket (notebook 00)"),
     ("03_timeline.png", "The two streams of one capture, the racing ops in red (notebook 03)"),
@@ -26,8 +22,6 @@ FIGURES = (
 
 def load(output_dir):
     """{notebook: its results, or None when missing or not finished (status other than "ok")}."""
-    import json
-
     out = {}
     for name in NOTEBOOKS:
         try:
@@ -96,9 +90,9 @@ def investigation(results):
         add(
             "02 Heisenbug statistics",
             "how many sessions tell a real change in rate from chance?",
-            f"to detect a rate falling to zero with 80% power (Fisher, alpha 0.05): {need}; "
-            f"to claim a rate below 1% with no failure: {r2['zero_failure_1pct']} sessions. "
-            f"Measured: {_rate(off['corrupted_sessions'], off['sessions'])} off vs "
+            f"to detect a rate falling to zero with 80% power (Fisher, alpha 0.05): {need}; to claim a rate "
+            f"below 1% with no failure: {r2['zero_failure_1pct']} sessions. Measured: "
+            f"{_rate(off['corrupted_sessions'], off['sessions'])} off vs "
             f"{_rate(on['corrupted_sessions'], on['sessions'])} on, Fisher p = {r2['fisher']['p']:.2g}",
         )
     else:
@@ -147,8 +141,6 @@ def figures(output_dir):
 
 def writeup(results, output_dir):
     """The whole writeup as markdown (tables, figure links, environment)."""
-    from nblib.publish.show import markdown_table
-
     ran = [n for n, r in results.items() if r]
     first = results[ran[0]] if ran else {}
     same, commits = same_code(results)
@@ -179,8 +171,8 @@ def writeup(results, output_dir):
         parts += [
             "## The fingerprint (notebook 00)",
             markdown_table(
-                results["00_reproduce"]["fingerprint"],
-                ["check", "corrupted", "sessions", "upper95", "holds", "expected"],
+                results["00_reproduce"]["fingerprint"]["checks"],
+                ["check", "scope", "corrupted", "sessions", "upper95", "holds", "expected", "why"],
             ),
         ]
     parts += ["## Figures"] + [f"![{cap}]({f})\n\n*{cap}*" for f, cap in figures(output_dir)]

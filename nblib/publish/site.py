@@ -21,7 +21,7 @@ import yaml
 from nbconvert import HTMLExporter
 from nbconvert.filters import markdown2html
 
-from nblib.core.atomic import write_text
+from nblib.core.files import write_text
 from nblib.publish import pages, report, show, suite
 
 SITE = "site"

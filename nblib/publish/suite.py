@@ -10,23 +10,20 @@ import json
 import time
 from pathlib import Path
 
-from nblib.core.atomic import write_text
-from nblib.core.results import write_json
+import nbformat
+import papermill as pm
+from nbconvert import HTMLExporter
+from tqdm.auto import tqdm
+
+from nblib.core.files import write_json, write_text
+from nblib.core.paths import NOTEBOOK_DIR, NOTEBOOKS, ROOT
 from nblib.publish import pages
 from nblib.publish import params as P
 
-NOTEBOOKS = (
-    "00_reproduce",
-    "01_canary",
-    "02_graph_vs_eager",
-    "03_stream_overlap",
-    "04_persistent_buffer_fix",
-    "05_report",
-)
-
 
 def available(only=None):
-    nbs = [n for n in NOTEBOOKS if (P.ROOT / "notebooks" / f"{n}.ipynb").exists()]
+    """The notebooks to run, in order; an unknown --only prefix fails here, before anything exists."""
+    nbs = [n for n in NOTEBOOKS if (NOTEBOOK_DIR / f"{n}.ipynb").exists()]
     if only:
         unknown = [o for o in only if not any(n.startswith(o) for n in NOTEBOOKS)]
         if unknown:
@@ -35,17 +32,23 @@ def available(only=None):
     return nbs
 
 
-def run(params_path=None, out=None, only=None, timeout=1800):
-    """Execute the suite; returns the list of per-notebook records written to index.json."""
-    import papermill as pm
-    from tqdm.auto import tqdm
-
+def output_dir(params_path=None, out=None):
+    """Where a run writes: --out, else outputs/<profile name>."""
     params_path = Path(params_path or P.default_profile())
-    values = P.load(params_path)
-    P.resolve_backend(values.get("backend", "auto"))  # a missing GPU fails here, in one line
-    out = Path(out or P.ROOT / "outputs" / params_path.stem)
-    out.mkdir(parents=True, exist_ok=True)
+    return Path(out or ROOT / "outputs" / params_path.stem).resolve()
+
+
+def run(params_path=None, out=None, only=None, timeout=1800):
+    """Execute the suite; returns the list of per-notebook records written to index.json.
+    Everything that can be checked is checked before the output folder is created: the notebook
+    selection, the whole profile against the schema, and the backend."""
     notebooks = available(only)
+    params_path = Path(params_path or P.default_profile())
+    profile = P.load(params_path)  # one line naming the bad key, before anything runs
+    P.resolve_backend(profile["backend"])  # a missing GPU fails here, in one line
+    out = output_dir(params_path, out)
+    out.mkdir(parents=True, exist_ok=True)
+    print(f"suite: {len(notebooks)} notebook(s), profile {params_path}, outputs in {out}")
     records = _load_index(out)
     bar = tqdm(notebooks, desc="suite", unit="nb")
     for name in bar:
@@ -53,16 +56,14 @@ def run(params_path=None, out=None, only=None, timeout=1800):
         dest = out / f"{name}.ipynb"
         rec = dict(notebook=name, status="failed", html=f"{name}.html", error=None)
         t0 = time.perf_counter()
-        src = P.ROOT / "notebooks" / f"{name}.ipynb"
-        declared = pm.inspect_notebook(str(src))  # pass each notebook only the parameters it declares
+        # each notebook gets the keys it declares, defaults applied, so results.json records them
+        values = {k: v for k, v in profile.items() if k in P.DECLARES[name]}
         try:
             pm.execute_notebook(
-                str(src),
+                str(NOTEBOOK_DIR / f"{name}.ipynb"),
                 str(dest),
-                parameters={
-                    k: v for k, v in {**values, "output_dir": str(out.resolve())}.items() if k in declared
-                },
-                cwd=str(P.ROOT),
+                parameters={**values, "output_dir": str(out)},
+                cwd=str(ROOT),
                 progress_bar=False,
                 execution_timeout=timeout,
                 kernel_name="python3",
@@ -107,9 +108,6 @@ def _results(out, name):
 
 
 def _render_html(nb_path, html_path):
-    import nbformat
-    from nbconvert import HTMLExporter
-
     body, _ = HTMLExporter(
         exclude_input=True, exclude_input_prompt=True, exclude_output_prompt=True
     ).from_notebook_node(nbformat.read(nb_path, 4))

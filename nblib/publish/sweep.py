@@ -43,7 +43,7 @@ import papermill as pm
 import yaml
 from tqdm.auto import tqdm
 
-from nblib.core.atomic import write_text
+from nblib.core.files import write_text
 from nblib.core.paths import ROOT
 from nblib.core.results import write_json
 from nblib.publish import params as P

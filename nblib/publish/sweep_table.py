@@ -17,7 +17,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from nblib.core import stats
-from nblib.core.atomic import write_bytes
+from nblib.core.files import write_bytes
 
 
 def _pool(rows, key, where):

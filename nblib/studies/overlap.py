@@ -4,14 +4,16 @@
     checks = overlap.checks(rows); overlap.verdict(checks, rows)
 
 A configuration is (logits policy, index dtype, overlap); each is captured for every bucket. The
-corruption rate comes from replaying the agentic workload (nblib.studies.reproduce.corruption_matrix, graph
-mode); the audit reads one more capture of the same configuration (nblib.instruments.audit), replaying nothing.
+corruption rate comes from replaying the agentic workload (nblib.studies.reproduce.corruption_matrix,
+graph mode); the audit reads one more capture of the same configuration (nblib.instruments.audit),
+replaying nothing.
 """
 
 import gc
 import time
 
-from nblib.engine.model import LOGITS_POLICIES, DecodeModel, ModelConfig, check_choice
+from nblib.engine import build
+from nblib.engine.model import LOGITS_POLICIES, check_choice
 from nblib.engine.runner import Runner
 from nblib.instruments import audit
 from nblib.studies import reproduce
@@ -20,9 +22,7 @@ from nblib.studies import reproduce
 def audit_model(dev, model, buckets, index_dtype, overlap, logits_policy):
     """Capture every bucket of one configuration under the recorder; returns (report, runner, trace
     seconds). The runner's graphs are the audited ones (replay them for a timeline)."""
-    m = DecodeModel(
-        ModelConfig(**model, index_dtype=index_dtype, overlap=overlap, logits_policy=logits_policy), dev
-    )
+    m = build.model(dev, model, index_dtype=index_dtype, overlap=overlap, logits_policy=logits_policy)
     runner = Runner(m, buckets, "graph")
     t0 = time.perf_counter()
     with audit.recording(dev) as rec:

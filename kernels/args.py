@@ -1,0 +1,45 @@
+"""Argument checks shared by every public kernel entry: bad input raises a one-line ValueError
+that names the argument and what it must be, before anything is launched. Host-side only (shapes,
+dtypes, devices, strides), so the checks never sync and are safe inside CUDA graph capture."""
+
+import torch
+from triton.runtime.interpreter import InterpretedFunction
+
+
+def need(ok, msg):
+    if not ok:
+        raise ValueError(msg)
+
+
+def tensor(name, x, dtypes=None, ndim=None, shape=None, contiguous=False, last_contiguous=False):
+    """x is a torch.Tensor with one of `dtypes`, `ndim` dims, `shape` (None entries: any size)."""
+    need(isinstance(x, torch.Tensor), f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if dtypes is not None:
+        dtypes = dtypes if isinstance(dtypes, tuple) else (dtypes,)
+        need(x.dtype in dtypes, f"{name} must be {' or '.join(map(str, dtypes))}, got {x.dtype}")
+    if shape is not None:
+        ndim = len(shape)
+    if ndim is not None:
+        need(x.dim() == ndim, f"{name} must have {ndim} dims, got shape {tuple(x.shape)}")
+    if shape is not None:
+        want = tuple("*" if s is None else s for s in shape)
+        ok = all(s is None or s == n for s, n in zip(shape, x.shape))
+        need(ok, f"{name} must have shape {want}, got {tuple(x.shape)}".replace("'*'", "*"))
+    if contiguous:
+        need(x.is_contiguous(), f"{name} must be contiguous (call .contiguous()), got strides {x.stride()}")
+    if last_contiguous:
+        need(x.dim() == 0 or x.stride(-1) == 1, f"{name} must be contiguous in its last dim")
+
+
+def same_device(**tensors):
+    devices = {str(x.device) for x in tensors.values()}
+    need(len(devices) == 1, f"{', '.join(tensors)} must be on one device, got {sorted(devices)}")
+
+
+def launchable(kernel, device):
+    """Triton kernels run on CUDA tensors (or anywhere under the Triton interpreter)."""
+    need(
+        device.type == "cuda" or isinstance(kernel, InterpretedFunction),
+        f"the Triton kernel needs CUDA tensors, got {device}; on the CPU call the custom op or the "
+        f"torch reference instead",
+    )

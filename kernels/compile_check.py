@@ -1,0 +1,105 @@
+"""Compile every Triton kernel in kernels/ for sm_90a and sm_100a, on any machine, with the configs
+its launcher picks for that architecture, and report what the code generator made of it:
+
+  tensor_core   wgmma.mma_async count (sm_90a) / tcgen05.mma count (sm_100a)
+  tma           cp.async.bulk.tensor count (TMA loads, where a descriptor path is used)
+  local         PTX .local declarations + ptxas LOCAL/STACK bytes (spills live there)
+  shared        bytes of shared memory a CTA needs, against the target's limit
+  cp_async      16-byte async copies global -> shared (the pointer path's pipelined loads)
+  waits         the pipeliner's async_wait depths (all 0: no copy/compute overlap in a CTA)
+
+    python -m kernels.compile_check [--arch 90 100]      # one JSON line per kernel and arch
+
+Run it in a process without TRITON_INTERPRET (which, once set, breaks triton.compile);
+tests/test_kernel_compile.py does, and asserts on the report.
+"""
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import re
+import subprocess
+import tempfile
+from typing import NamedTuple
+
+import triton
+
+from kernels.launch import compile_for
+
+ARCHS = (90, 100)
+TENSOR_CORE_OP = {90: "wgmma.mma_async", 100: "tcgen05.mma"}
+# opt-in dynamic shared memory per block (CUDA programming guide, compute capabilities table)
+SHARED_LIMIT = {90: 227 * 1024, 100: 227 * 1024}
+TMA_OP = "cp.async.bulk.tensor"
+
+
+class Case(NamedTuple):
+    """One kernel launch to compile: what a launcher would run on arch, and what it should get."""
+
+    name: str
+    launch: object  # kernels.launch.Launch
+    tensor_core: bool  # has a tl.dot that must land on the tensor cores
+    tma: bool  # loads through a tensor descriptor
+    overlap: bool | None = None  # pipelined loads overlap the dot inside a CTA (None: no claim)
+
+
+def cases(arch):
+    """Every kernel's launches for arch, from the launchers themselves (their compile_cases)."""
+    from kernels import logits
+
+    return logits.compile_cases(arch)
+
+
+def _resource_usage(cubin):
+    """{'REG': n, 'STACK': n, 'SHARED': n, 'LOCAL': n} from cuobjdump -res-usage (shipped with Triton)."""
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        out = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
+    return {k: int(v) for k, v in re.findall(r"\b(REG|STACK|SHARED|LOCAL):(\d+)", out)}
+
+
+def inspect(case, arch):
+    """Compile case for arch; the report as a dict (see the module docstring)."""
+    with contextlib.redirect_stdout(io.StringIO()):  # Triton prints the whole PTX on a ptxas error
+        k = compile_for(case.launch, arch)
+    ptx, ttgir = k.asm["ptx"], k.asm["ttgir"]
+    usage = _resource_usage(k.asm["cubin"])
+    return dict(
+        name=case.name,
+        arch=arch,
+        options=case.launch.options,
+        constexprs={p.name: case.launch.args[p.name] for p in case.launch.kernel.params if p.is_constexpr},
+        expect_tensor_core=case.tensor_core,
+        expect_tma=case.tma,
+        tensor_core=ptx.count(TENSOR_CORE_OP[arch]),
+        other_tensor_core=sum(ptx.count(op) for a, op in TENSOR_CORE_OP.items() if a != arch),
+        tma=ptx.count(TMA_OP),
+        cp_async=len(re.findall(r"cp\.async\.c[ag]\.shared\.global", ptx)),
+        expect_overlap=case.overlap,
+        ptx_local=len(re.findall(r"^\s*\.local\b", ptx, re.M)),
+        local_bytes=usage.get("LOCAL", 0),
+        stack_bytes=usage.get("STACK", 0),
+        regs=usage.get("REG"),
+        shared=k.metadata.shared,
+        shared_limit=SHARED_LIMIT[arch],
+        waits=[int(n) for n in re.findall(r"ttg\.async_wait[^{\n]*\{num = (\d+)", ttgir)],
+    )
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python -m kernels.compile_check", description=__doc__.splitlines()[0])
+    p.add_argument("--arch", type=int, nargs="+", default=list(ARCHS), choices=ARCHS)
+    a = p.parse_args(argv)
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        p.error("TRITON_INTERPRET=1 is set: triton.compile fails under it; unset it and rerun")
+    for arch in a.arch:
+        for case in cases(arch):
+            print(json.dumps(inspect(case, arch)), flush=True)
+
+
+if __name__ == "__main__":
+    main()

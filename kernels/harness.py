@@ -1,0 +1,83 @@
+"""What every kernel benchmark shares: timing, the copy-bandwidth yardstick, tables, and the
+record of what produced them (commit, device, versions), written atomically."""
+
+import json
+import os
+import subprocess
+import tempfile
+
+import torch
+import triton
+
+from nblib.core.paths import ROOT
+from nblib.core.results import commit
+
+
+def median_us(fn):
+    """Median time of fn in microseconds (triton.testing.do_bench: warm-up, L2 flushed per call)."""
+    return triton.testing.do_bench(fn, return_mode="median") * 1e3
+
+
+def copy_row(nbytes=2 << 30, device="cuda"):
+    """The yardstick: a device-to-device copy of nbytes, as a bench row (bytes read + written)."""
+    src = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    us = median_us(lambda: dst.copy_(src))
+    return dict(name="copy", us=us, bytes=2 * nbytes, gbps=2 * nbytes / us * 1e-3)
+
+
+def project_commit():
+    """This project's commit: NBLIB_COMMIT when set, else git's, but only when git's work tree is
+    this project (a copy inside some other repository would report that repository's commit);
+    "unknown" otherwise, never a wrong commit."""
+    given = os.environ.get("NBLIB_COMMIT", "")
+    if given and given != "unknown":
+        return given
+    top = subprocess.run(
+        ["git", "rev-parse", "--show-toplevel"], cwd=ROOT, capture_output=True, text=True, check=False
+    ).stdout.strip()
+    if not top or os.path.realpath(top) != os.path.realpath(ROOT):
+        return "unknown"
+    return commit() or "unknown"  # git's HEAD (+dirty); "" when NBLIB_COMMIT is set but empty
+
+
+def meta(**extra):
+    """Commit (project_commit), device and versions: what produced a table."""
+    return dict(
+        commit=project_commit(),
+        device=torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+        torch=torch.__version__,
+        triton=triton.__version__,
+        **extra,
+    )
+
+
+def markdown(rows, cols):
+    """A markdown table of the dicts in rows, one column per key in cols (missing -> blank)."""
+
+    def fmt(v):
+        return f"{v:.3g}" if isinstance(v, float) else str(v)
+
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(fmt(r.get(c, "")) for c in cols) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def write_atomic(path, text):
+    """Write text to path through a temporary file in the same folder: never half a file."""
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=os.path.basename(path), suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+
+
+def write_table(out_dir, name, info, rows, cols):
+    """<out_dir>/<name>.json (meta + rows) and <name>.md (meta line + table); returns the markdown."""
+    md = f"{json.dumps(info)}\n\n{markdown(rows, cols)}\n"
+    if out_dir:
+        write_atomic(os.path.join(out_dir, f"{name}.json"), json.dumps(dict(meta=info, rows=rows), indent=2))
+        write_atomic(os.path.join(out_dir, f"{name}.md"), md)
+    return md

@@ -1,0 +1,75 @@
+"""Torch custom ops over the kernels, the form the model calls: on CUDA the Triton kernel, on the
+CPU the torch reference, under fake tensors nothing. As ops they carry names (csi::...) that the
+trace, the audit and CSAN report, and they capture into CUDA graphs like any aten op."""
+
+import torch
+
+from kernels.logits import (
+    _check_bf16_args,
+    _check_fp8_args,
+    indexer_logits_bf16_,
+    indexer_logits_fp8_,
+    ref_logits_bf16,
+    ref_logits_fp8,
+)
+
+# ---------------------------------------------------------------------------
+# Torch custom ops: CUDA -> Triton, CPU -> reference, fake -> nothing
+# ---------------------------------------------------------------------------
+
+
+@torch.library.custom_op("csi::indexer_logits_bf16", mutates_args=("out",), device_types="cpu")
+def _indexer_logits_bf16_op(
+    q: torch.Tensor,
+    w: torch.Tensor,
+    kcache: torch.Tensor,
+    page_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    out: torch.Tensor,
+    per_request: int = 0,
+) -> None:
+    _check_bf16_args(q, w, kcache, page_table, seq_lens, out)
+    out.copy_(ref_logits_bf16(q, w, kcache, page_table, seq_lens, out.shape[1]))
+
+
+@_indexer_logits_bf16_op.register_kernel("cuda")
+def _(q, w, kcache, page_table, seq_lens, out, per_request=0):
+    indexer_logits_bf16_(q, w, kcache, page_table, seq_lens, out, per_request=per_request)
+
+
+@_indexer_logits_bf16_op.register_fake
+def _(q, w, kcache, page_table, seq_lens, out, per_request=0):
+    return None
+
+
+@torch.library.custom_op("csi::indexer_logits_fp8", mutates_args=("out",), device_types="cpu")
+def _indexer_logits_fp8_op(
+    q: torch.Tensor,
+    w: torch.Tensor,
+    pages: torch.Tensor,
+    page_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    out: torch.Tensor,
+    per_request: int = 0,
+) -> None:
+    _check_fp8_args(q, w, pages, page_table, seq_lens, out)
+    out.copy_(ref_logits_fp8(q, w, pages, page_table, seq_lens, out.shape[1]))
+
+
+@_indexer_logits_fp8_op.register_kernel("cuda")
+def _(q, w, pages, page_table, seq_lens, out, per_request=0):
+    indexer_logits_fp8_(q, w, pages, page_table, seq_lens, out, per_request=per_request)
+
+
+@_indexer_logits_fp8_op.register_fake
+def _(q, w, pages, page_table, seq_lens, out, per_request=0):
+    return None
+
+
+def indexer_logits_bf16(q, w, kcache, page_table, seq_lens, out, per_request=0):
+    """per_request > 0: that many programs per request (kernels.logits.plan), else fill the GPU."""
+    torch.ops.csi.indexer_logits_bf16(q, w, kcache, page_table, seq_lens, out, per_request)
+
+
+def indexer_logits_fp8(q, w, pages, page_table, seq_lens, out, per_request=0):
+    torch.ops.csi.indexer_logits_fp8(q, w, pages, page_table, seq_lens, out, per_request)

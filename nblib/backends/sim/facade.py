@@ -1,0 +1,127 @@
+"""SimDevice: torch.cuda's names over the simulator (streams, events, graphs, the caching
+allocator and the arena behind it), so the model code that calls dev.X runs here as on CUDA."""
+
+import itertools
+
+import numpy as np
+import torch
+
+from nblib.backends.sim.allocator import MB, CachingAllocator
+from nblib.backends.sim.arena import Arena, extent
+from nblib.backends.sim.capture import python_stack
+from nblib.backends.sim.graph import GraphCtx, SimGraph
+from nblib.backends.sim.rules import violation
+from nblib.backends.sim.streams import SimEvent, SimStream, StreamCtx
+from nblib.backends.sim.timing import Timing
+
+
+class SimDevice:
+    """torch.cuda's names over the simulator; see the module docstring."""
+
+    name = "sim"
+
+    def __init__(self, seed=0, timing=None, arena_chunk_bytes=256 * MB, threads=1):
+        """threads: torch's CPU intra-op threads (None: leave as is). One thread is fastest for the
+        small tensors the sim runs and immune to oversubscription (OpenMP spin-waits on a busy
+        2-core machine made replays 10-50x slower)."""
+        if threads is not None:
+            torch.set_num_threads(threads)
+        self.torch_device = torch.device("cpu")
+        self.timing = timing or Timing.calibrated()
+        self.arena = Arena(arena_chunk_bytes)
+        self.record_stacks = True  # Python stacks on allocator events and nodes
+        self.gc_before_capture = False  # torch.cuda.graph runs gc.collect() before capturing
+        self.allocator = CachingAllocator(
+            self.arena.segment, context=lambda: python_stack() if self.record_stacks else None
+        )
+        self._stream_ids = itertools.count()
+        self._pool_ids = itertools.count(1)
+        self.default_stream = SimStream(self, name="default")
+        self._cur = self.default_stream
+        self._cap = None
+        self._cap_stream = None
+        self.manual_seed(seed)
+
+    # streams and events
+    def Stream(self, priority=0, **_):
+        return SimStream(self, priority)
+
+    def Event(self, enable_timing=False, blocking=False, interprocess=False):
+        return SimEvent(self, enable_timing, blocking, interprocess)
+
+    def stream(self, s):
+        return StreamCtx(self, s)
+
+    def current_stream(self):
+        return self._cur
+
+    def synchronize(self):
+        """Replay completes before returning, so there is nothing to wait for; while capturing,
+        CUDA refuses a device-wide synchronize."""
+        if self._cap is not None:
+            raise violation(self, "sync", "synchronize() while capturing")
+
+    # graphs
+    def CUDAGraph(self, keep_graph=False):
+        return SimGraph(self)
+
+    def graph(self, g, pool=None, stream=None, capture_error_mode="global"):
+        return GraphCtx(self, g, pool, stream, capture_error_mode)
+
+    def graph_pool_handle(self):
+        return (0, next(self._pool_ids))
+
+    def is_current_stream_capturing(self):
+        return self._cap is not None and self._cur in self._cap.frontier
+
+    def _capture_stream(self):
+        if self._cap_stream is None:  # torch.cuda.graph.default_capture_stream
+            self._cap_stream = SimStream(self, name="capture")
+        return self._cap_stream
+
+    # allocation
+    def _alloc_like(self, meta, stream):
+        """An arena tensor shaped like `meta`, allocated for `stream` by the caching allocator."""
+        n = extent(meta) + meta.storage_offset() * meta.element_size()
+        if n == 0:
+            return torch.empty_strided(meta.shape, meta.stride(), dtype=meta.dtype)
+        addr, block = self.allocator.malloc(n, stream)
+        t = self.arena.tensor(addr, n, meta.dtype, meta.shape, meta.stride(), _Freer(self.allocator, block))
+        if meta.storage_offset():
+            t = t.as_strided(meta.shape, meta.stride(), meta.storage_offset())
+        return t
+
+    def record_stream(self, t, stream):
+        """t.record_stream(stream): its block is not reused before the capture ends."""
+        if isinstance(t, torch.Tensor) and self.arena.owns(t):
+            b = self.block_of(t)
+            if b is not None:
+                self.allocator.record_stream(b, stream)
+
+    def block_of(self, t):
+        """The allocated block behind arena tensor t, or None."""
+        return self.allocator.active.get(t.untyped_storage().data_ptr())
+
+    # misc
+    def manual_seed(self, seed):
+        """Seed the replay timing model (a new jitter draw every replay)."""
+        self._rng = np.random.default_rng(seed)
+
+    def device_name(self):
+        return "CPU simulator"
+
+    def memory_history(self, enabled):
+        self.record_stacks = bool(enabled)
+
+    def memory_snapshot(self):
+        return self.allocator.snapshot()
+
+
+class _Freer:
+    __slots__ = ("allocator", "block")
+
+    def __init__(self, allocator, block):
+        self.allocator, self.block = allocator, block
+
+    def __call__(self):
+        self.allocator.free(self.block)

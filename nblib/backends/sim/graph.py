@@ -1,0 +1,172 @@
+"""Graphs and replay: SimGraph has torch.cuda.CUDAGraph's surface (capture_begin, capture_end,
+replay, reset, pool) and dev.graph(...) is torch.cuda.graph. Replay runs the captured nodes in
+simulated-time order: each node computes at its end (a kernel reads its inputs over its whole run),
+so a write from another stream that lands while a reader runs corrupts it, as the timing model says."""
+
+import gc
+import weakref
+
+import numpy as np
+
+from nblib.backends.sim.capture import Capture, CaptureMode
+from nblib.backends.sim.ops import warm_up_dispatch_modes
+from nblib.backends.sim.rules import Broken, SimCaptureError, violation
+from nblib.backends.sim.timing import schedule
+
+
+class SimGraph:
+    """torch.cuda.CUDAGraph's surface: capture_begin/capture_end (or dev.graph), replay, reset, pool.
+    After capture: nodes (Node list), syncs (Sync list), pool_id; after each replay,
+    last_schedule (a timing.Schedule: starts, ends in simulated seconds)."""
+
+    def __init__(self, dev):
+        self.dev = dev
+        self.nodes, self.syncs, self.pool_id = [], [], None
+        self._ready = False
+        self.last_schedule = None
+
+    def pool(self):
+        return self.pool_id
+
+    def capture_begin(self, pool=None, capture_error_mode="global"):
+        dev = self.dev
+        if dev._cap is not None:
+            raise SimCaptureError("a capture is already underway")
+        if dev._cur is dev.default_stream:
+            raise violation(dev, "default_stream", "capture_begin on the default stream")
+        self.pool_id = pool if pool is not None else dev.graph_pool_handle()
+        warm_up_dispatch_modes()
+        cap = Capture(dev, self, dev._cur, self.pool_id)
+        dev._cap = cap
+        dev.allocator.begin_capture(self.pool_id)
+        self._mode = CaptureMode(cap)
+        self._mode.__enter__()
+
+    def capture_end(self):
+        dev = self.dev
+        if dev._cap is not None and dev._cap.graph is self and dev._cur is not dev._cap.stream:
+            raise violation(
+                dev, "end_stream", f"capture_end on {dev._cur.name}, begun on {dev._cap.stream.name}"
+            )
+        cap = self._finish()
+        if cap.invalid is not None:
+            raise violation(
+                dev, "invalidated", f"capture_end after the capture broke ({cap.invalid})", cap.invalid
+            )
+        end = cap.frontier[cap.stream]
+        seen, todo = set(), list(end)
+        while todo:
+            i = todo.pop()
+            if i not in seen:
+                seen.add(i)
+                todo.extend(cap.nodes[i].deps)
+        for s, fr in cap.frontier.items():
+            if any(i not in seen for i in fr):
+                raise violation(
+                    dev,
+                    "unjoined",
+                    f"capture ended with work on {s.name} not joined into the capturing stream: "
+                    f"call capture_stream.wait_stream({s.name})",
+                )
+        self.nodes, self.syncs = cap.nodes, cap.syncs
+        n = len(self.nodes)
+        self._deps = [nd.deps for nd in self.nodes]
+        self._serial = all((i - 1) in self._deps[i] for i in range(1, n))
+        self._run = [nd.run for nd in self.nodes]
+        self._nbytes = np.array([nd.nbytes for nd in self.nodes], dtype=np.float64)
+        self._costs = [(i, nd.cost) for i, nd in enumerate(self.nodes) if nd.cost is not None]
+        self._ready = True
+        weakref.finalize(self, _destroyed, dev).atexit = False
+
+    def _finish(self):
+        dev = self.dev
+        cap = dev._cap
+        if cap is None or cap.graph is not self:
+            raise SimCaptureError("capture_end without a matching capture_begin")
+        try:
+            self._mode.__exit__(None, None, None)
+        finally:
+            self._mode = None
+            dev._cap = None
+            dev.allocator.end_capture()
+            cap.graph = None  # events recorded in the capture keep it: they must not keep the graph
+        return cap
+
+    def _abort(self):
+        if self.dev._cap is not None and self.dev._cap.graph is self:
+            self._finish()
+        self.nodes, self._ready = [], False
+
+    def reset(self):
+        self.nodes, self.syncs, self._ready = [], [], False
+
+    def expected_seconds(self):
+        """The replay's span under the timing model without jitter: when its last node ends, in
+        simulated seconds, for this replay's inputs (data-dependent kernels included)."""
+        tm = self.dev.timing
+        dur = tm.seconds(self._nbytes)
+        for i, cost in self._costs:
+            dur[i] = cost(tm)
+        return max(schedule(self._deps, dur.tolist()).ends, default=0.0)
+
+    def replay(self):
+        if not self._ready:
+            raise RuntimeError("replay of a graph that was not captured successfully")
+        n = len(self.nodes)
+        if n == 0:
+            return
+        if self._serial:  # one stream: the timing model cannot reorder anything
+            for f in self._run:
+                f()
+            return
+        tm = self.dev.timing
+        dur = tm.seconds(self._nbytes)
+        for i, cost in self._costs:  # data-dependent kernels: this replay's inputs decide
+            dur[i] = cost(tm)
+        dur = (dur * tm.jitter(n, self.dev._rng)).tolist()
+        sched = schedule(self._deps, dur)
+        # A kernel reads its inputs over its whole run, so its result reflects them as they stand
+        # when it finishes: each node computes at its end. A write that lands on another stream
+        # while a reader is still running corrupts what the reader returns, as on the GPU.
+        for i in sorted(range(n), key=lambda k: (sched.ends[k], k)):
+            self._run[i]()
+        self.last_schedule = sched
+
+
+class GraphCtx:
+    """dev.graph(g, pool, stream): like torch.cuda.graph, capture on a side stream (shared by all
+    captures unless `stream` is given); on error, nothing is left half-finished."""
+
+    def __init__(self, dev, g, pool=None, stream=None, capture_error_mode="global"):
+        self.dev, self.g, self.pool = dev, g, pool
+        self.stream = stream if stream is not None else dev._capture_stream()
+
+    def __enter__(self):
+        if self.dev.gc_before_capture:  # torch.cuda.graph collects garbage here (~80 ms)
+            gc.collect()
+        self.prev = self.dev._cur
+        self.dev._cur = self.stream
+        try:
+            self.g.capture_begin(pool=self.pool)
+        except BaseException:
+            self.dev._cur = self.prev
+            raise
+
+    def __exit__(self, et, ev, tb):
+        try:
+            if et is None:
+                self.g.capture_end()
+            else:
+                self.g._abort()
+        except BaseException:
+            self.g._abort()
+            raise
+        finally:
+            self.dev._cur = self.prev
+        return False
+
+
+def _destroyed(dev):
+    """A captured graph died (CUDA: cudaGraphExecDestroy). Inside another capture that breaks it."""
+    if dev._cap is not None and dev._cap.invalid is None:
+        dev._cap.invalid = Broken("graph_destroyed", "a captured graph was destroyed while capturing")

@@ -1,0 +1,146 @@
+"""What a capture forbids, in one place. The simulator raises SimCaptureError where CUDA (or torch's
+capture bindings) refuses a call or invalidates the capture; each error names its Rule, and the
+Rule names the CUDA error it stands for, so the audit can say which rule a line broke on either
+backend, and scripts/gpu_audit_zoo.py can measure the same cases on CUDA for the parity table.
+
+As on CUDA, a violation also invalidates the capture underway: if the caller catches the error and
+carries on, the capture still fails when it ends.
+"""
+
+from typing import NamedTuple
+
+
+class Rule(NamedTuple):
+    name: str
+    cuda_error: str  # what CUDA (or torch) answers
+    cuda_text: str  # how that error reads in torch's message (cudaGetErrorString, or torch's check)
+    says: str  # the rule, for the person who broke it
+
+
+RULES = {
+    r.name: r
+    for r in (
+        Rule(
+            "sync",
+            "cudaErrorStreamCaptureUnsupported",
+            "operation not permitted when stream is capturing",
+            "no host synchronization while a stream captures (synchronize(), .item(), bool() or a "
+            "data-dependent branch on a device tensor, a blocking copy to the host)",
+        ),
+        Rule(
+            "query",
+            "cudaErrorStreamCaptureUnsupported",
+            "operation not permitted when stream is capturing",
+            "no query of a capturing stream (stream.query()) while it captures",
+        ),
+        Rule(
+            "captured_event",
+            "cudaErrorCapturedEvent",
+            "operation not permitted on an event last recorded in a capturing stream",
+            "an event recorded inside a capture can be waited on, not queried or synchronized",
+        ),
+        Rule(
+            "isolation",
+            "cudaErrorStreamCaptureIsolation",
+            "dependency created on uncaptured work in another stream",
+            "a capturing stream may not wait on an event recorded outside the capture (wait_stream "
+            "on a stream that never joined the capture records such an event)",
+        ),
+        Rule(
+            "merge",
+            "cudaErrorStreamCaptureMerge",
+            "operation would result in a merge of separate capture sequences",
+            "a capturing stream may not wait on an event recorded in another capture",
+        ),
+        Rule(
+            "unjoined",
+            "cudaErrorStreamCaptureUnjoined",
+            "capturing stream has unjoined work",
+            "every stream forked from the capture must be joined back into the capturing stream "
+            "before the capture ends",
+        ),
+        Rule(
+            "legacy",
+            "cudaErrorStreamCaptureImplicit",
+            "operation would make the legacy stream depend on a capturing blocking stream",
+            "no work on the default (legacy) stream while a capture is underway",
+        ),
+        Rule(
+            "uncaptured_stream",
+            "(none: CUDA runs it eagerly, outside the graph)",
+            "",
+            "work queued on a stream that never joined the capture is not captured; the simulator "
+            "refuses it, since replay would never run it",
+        ),
+        Rule(
+            "default_stream",
+            "torch RuntimeError",
+            "CUDA graphs must be captured on a non-default stream",
+            "capture on a side stream (torch.cuda.graph does), not the default stream",
+        ),
+        Rule(
+            "end_stream",
+            "torch RuntimeError",
+            "Capture must end on the same stream it began on",
+            "end the capture on the stream it began on",
+        ),
+        Rule(
+            "graph_destroyed",
+            "cudaErrorStreamCaptureUnsupported",
+            "operation not permitted when stream is capturing",
+            "no CUDA graph may be destroyed while a capture is underway (cudaGraphExecDestroy); a "
+            "graph kept in a reference cycle is destroyed whenever the garbage collector runs",
+        ),
+        Rule(
+            "invalidated",
+            "cudaErrorStreamCaptureInvalidated",
+            "operation failed due to a previous error during capture",
+            "an earlier call broke this capture (if no call of yours failed first, a destructor did: "
+            "e.g. a CUDA graph freed by the garbage collector inside the capture)",
+        ),
+        Rule(
+            "unsupported_op",
+            "(simulator only)",
+            "",
+            "the simulator cannot capture this op",
+        ),
+    )
+}
+
+
+# torch's message for each CUDA error -> the rule; the first rule listed wins a shared text
+CUDA_TEXTS = {}
+for _r in RULES.values():
+    if _r.cuda_text:
+        CUDA_TEXTS.setdefault(_r.cuda_text, _r.name)
+
+
+class SimCaptureError(RuntimeError):
+    """Raised where CUDA would refuse the call or invalidate the capture; .rule names the Rule and,
+    for an invalidated capture, .cause the rule whose breaking invalidated it."""
+
+    def __init__(self, message, rule=None, cause=None):
+        super().__init__(message)
+        self.rule, self.cause = rule, cause
+
+
+class Broken(NamedTuple):
+    """Why a capture is invalid: the rule broken and where."""
+
+    rule: str
+    detail: str
+
+    def __str__(self):
+        return f"{self.rule}: {self.detail}"
+
+
+def violation(dev, name, detail, cause=None):
+    """The error for breaking rule `name`; the capture underway (if any) is invalidated by it.
+    `cause`: for "invalidated", the Broken record of the earlier violation."""
+    rule = RULES[name]
+    cap = dev._cap
+    if cap is not None and cap.invalid is None and name != "invalidated":
+        cap.invalid = Broken(name, detail)
+    return SimCaptureError(
+        f"{detail}: {rule.says} ({rule.cuda_error})", rule=name, cause=cause.rule if cause else None
+    )

@@ -1,0 +1,124 @@
+"""Streams and events. Outside capture they are bookkeeping (eager work runs in program order);
+while capturing, each stream in the capture carries a dependency frontier (the graph nodes its next
+node waits for), an event recorded in the capture snapshots its stream's frontier, and a wait
+merges one frontier into another. Every sync is logged as a Sync record for the trace."""
+
+from typing import NamedTuple
+
+from nblib.backends.sim.rules import violation
+
+
+class Sync(NamedTuple):
+    """One stream/event edge made while capturing."""
+
+    kind: str  # "record" (an event on a stream) | "wait_event" | "wait_stream"
+    stream: object  # the stream that records or waits
+    other: object  # the event recorded or waited on, or the stream waited on
+    at: int  # graph nodes recorded before it (its place in program order)
+
+
+class SimStream:
+    """A stream: bookkeeping in eager mode; while capturing, it carries a dependency frontier."""
+
+    def __init__(self, dev, priority=0, name=None):
+        self.dev, self.priority = dev, priority
+        self.id = next(dev._stream_ids)
+        self.name = name or f"stream{self.id}"
+
+    def wait_stream(self, other):
+        """Work queued on self after this waits for all work queued on `other` so far (torch: an
+        event recorded on `other`, waited on by self)."""
+        cap = self.dev._cap
+        if cap is not None and other in cap.frontier:
+            cap.frontier[self] = union(cap.frontier.get(self), cap.frontier[other])
+            cap.syncs.append(Sync("wait_stream", self, other, len(cap.nodes)))
+        elif cap is not None and self in cap.frontier:
+            raise violation(self.dev, "isolation", f"{self.name}.wait_stream({other.name}) while capturing")
+
+    def wait_event(self, event):
+        cap = self.dev._cap
+        if cap is not None and event._cap is cap:
+            cap.frontier[self] = union(cap.frontier.get(self), event._deps)
+            cap.syncs.append(Sync("wait_event", self, event, len(cap.nodes)))
+        elif cap is not None and self in cap.frontier and event._recorded:
+            rule = "merge" if event._cap is not None else "isolation"
+            raise violation(self.dev, rule, f"{self.name} waits on an event recorded outside this capture")
+
+    def record_event(self, event=None):
+        event = event or SimEvent(self.dev)
+        event.record(self)
+        return event
+
+    def synchronize(self):
+        if self._capturing():
+            raise violation(self.dev, "sync", f"{self.name}.synchronize() while it captures")
+
+    def query(self):
+        if self._capturing():
+            raise violation(self.dev, "query", f"{self.name}.query() while it captures")
+        return True
+
+    def _capturing(self):
+        cap = self.dev._cap
+        return cap is not None and self in cap.frontier
+
+    def __repr__(self):
+        return f"<SimStream {self.name}>"
+
+
+class SimEvent:
+    def __init__(self, dev, enable_timing=False, blocking=False, interprocess=False):
+        self.dev = dev
+        self._cap, self._deps = None, ()  # the capture of its latest record (None: eager)
+        self._recorded = False  # never recorded: waiting on it waits for nothing, as on CUDA
+
+    def record(self, stream=None):
+        stream = stream or self.dev.current_stream()
+        cap = self.dev._cap
+        self._recorded = True
+        if cap is not None and stream in cap.frontier:
+            self._cap, self._deps = cap, cap.frontier[stream]
+            cap.syncs.append(Sync("record", stream, self, len(cap.nodes)))
+        else:
+            self._cap, self._deps = None, ()
+
+    def wait(self, stream=None):
+        (stream or self.dev.current_stream()).wait_event(self)
+
+    def synchronize(self):
+        if self._captured():
+            raise violation(
+                self.dev, "captured_event", "event.synchronize() on an event recorded in the capture"
+            )
+
+    def query(self):
+        if self._captured():
+            raise violation(self.dev, "captured_event", "event.query() on an event recorded in the capture")
+        return True
+
+    def _captured(self):
+        return self._cap is not None and self._cap is self.dev._cap
+
+
+def union(a, b):
+    """Two frontiers merged (sorted node indices)."""
+    if not a:
+        return b
+    return tuple(sorted(set(a) | set(b)))
+
+
+class StreamCtx:
+    """dev.stream(s): make s current for the block (None: leave the current stream)."""
+
+    def __init__(self, dev, stream):
+        self.dev, self.s = dev, stream
+
+    def __enter__(self):
+        self.prev = self.dev._cur
+        if self.s is not None:
+            self.dev._cur = self.s
+        return self.s
+
+    def __exit__(self, *exc):
+        self.dev._cur = self.prev
+        return False

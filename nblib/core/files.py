@@ -1,0 +1,37 @@
+"""Atomic file writes, the one helper: a crash mid-write leaves the old file (or none), never half
+a file, and a reader (a browser, a resumed sweep, the next notebook) sees the old file or the new.
+
+Every file the suite writes for others to read (results.json, index.json, index.html, the HTML of
+each notebook, writeup.md, sweep tables, the site) goes through here: write a temporary file
+beside the target, then os.replace it, which is atomic on one filesystem.
+"""
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+
+def write_bytes(path, data):
+    """Write `data` to `path` atomically; returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600; results are for everyone to read
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def write_text(path, text):
+    return write_bytes(path, text.encode())
+
+
+def write_json(path, obj):
+    """JSON, indented, atomically (values json can't encode are written as str)."""
+    return write_text(path, json.dumps(obj, indent=1, default=str) + "\n")

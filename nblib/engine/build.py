@@ -1,0 +1,68 @@
+"""The engine assembled from a profile's plain values: one place for what every study and
+instrument used to spell out by hand.
+
+    m = build.model(dev, profile["model"], index_dtype="bf16", overlap="on")
+    run = build.bucket_run(runner, profile["workload"], bucket=8)   # run.result, run.counts
+    batch = build.full_batch(m, bucket=8)                           # runner.run(*batch)
+"""
+
+from typing import NamedTuple
+
+import torch
+
+from nblib.engine.model import PAGE, DecodeModel, ModelConfig
+from nblib.engine.workload import WorkloadConfig, in_bucket, run_sessions
+
+
+def model(dev, shapes, **knobs):
+    """A DecodeModel from a profile's `model` dict (shapes) and the knobs (index_dtype, overlap,
+    logits_policy); ModelConfig checks both and fails in one line on a bad value."""
+    return DecodeModel(ModelConfig(**shapes, **knobs), dev)
+
+
+class BucketRun(NamedTuple):
+    result: dict  # run_sessions' verdicts over every step, tail included
+    counts: dict  # in_bucket: the sessions and steps replayed in this bucket's graph only
+
+
+def bucket_run(runner, workload, bucket, instruments=(), **overrides):
+    """The workload (a profile's dict, plus overrides such as seed or sessions) with at most `bucket`
+    sessions decoding together; counts are the steps this bucket's graph replayed (the tail's
+    smaller buckets excluded: see in_bucket)."""
+    w = WorkloadConfig(**{**workload, **overrides, "concurrency": bucket})
+    r = run_sessions(runner, w, instruments)
+    return BucketRun(r, in_bucket(r, bucket))
+
+
+class Batch(NamedTuple):
+    """One step's inputs, in runner.run's order (so runner.run(*batch) works)."""
+
+    tokens: torch.Tensor
+    page_table: torch.Tensor
+    seq_lens: torch.Tensor
+    store_slots: torch.Tensor
+
+    def step(self, index=0):
+        """The step record run_sessions hands its instruments (live_pages left to the canary)."""
+        bs = len(self.tokens)
+        return dict(index=index, bs=bs, bucket=bs, **self._asdict())
+
+
+def full_batch(m, bucket, seed=0):
+    """A full bucket of requests at half the longest context, their pages prefilled."""
+    per = m.cfg.max_ctx // 2
+    npages = -(-per // PAGE)
+    if 1 + bucket * npages > m.cfg.num_pages:
+        npages = max(1, (m.cfg.num_pages - 1) // bucket)
+        per = npages * PAGE - 1
+    d = m.dev.torch_device
+    table = torch.zeros(bucket, m.cfg.max_ctx // PAGE, dtype=torch.int32)
+    table[:, :npages] = torch.arange(1, 1 + bucket * npages, dtype=torch.int32).view(bucket, npages)
+    m.prefill_entries(
+        torch.arange(PAGE, PAGE * (1 + bucket * npages), device=d),
+        torch.Generator(device=d).manual_seed(seed),
+    )
+    lens = torch.full((bucket,), per, dtype=torch.int32)
+    stores = table[:, (per - 1) // PAGE].long() * PAGE + (per - 1) % PAGE
+    tokens = torch.arange(bucket) * 7 % m.cfg.vocab
+    return Batch(*(x.to(d) for x in (tokens, table, lens, stores)))

@@ -1,0 +1,351 @@
+"""Error parity between the simulator and CUDA: what a capture forbids, case by case.
+
+    rows = audit_parity.run(dev)      # one Row per case: what happened, the rule, captures again?
+
+Each case breaks one rule of stream capture (nblib.backends.sim.rules) inside an otherwise legal
+capture, through the device facade, so the same code runs on both backends. The runner records
+whether the capture failed, the error's kind and first line, the rule the audit names for it, and
+whether the process captures (and replays) a legal graph right afterwards: no sticky state.
+scripts/gpu_audit_zoo.py runs the cases on the H200; the table puts both columns side by side.
+"""
+
+import contextlib
+import gc
+import os
+import sys
+import tempfile
+import warnings
+from dataclasses import dataclass
+
+import torch
+
+from nblib.instruments import audit
+
+N = 1024
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    rule: str  # the rule it breaks (nblib.backends.sim.rules.RULES), or "legal"
+    run: object  # run(dev): capture something that breaks the rule
+
+
+CASES = []
+
+
+def case(rule):
+    def register(fn):
+        CASES.append(Case(fn.__name__, rule, fn))
+        return fn
+
+    return register
+
+
+def _x(dev):
+    return torch.ones(N, device=dev.torch_device)
+
+
+def _capture(dev, body, **graph_kwargs):
+    g = dev.CUDAGraph()
+    with dev.graph(g, **graph_kwargs):
+        body()
+    return g
+
+
+@case("sync")
+def device_synchronize(dev):
+    x = _x(dev)
+    _capture(dev, lambda: (x * 2, dev.synchronize()))
+
+
+@case("sync")
+def stream_synchronize(dev):
+    x = _x(dev)
+    _capture(dev, lambda: (x * 2, dev.current_stream().synchronize()))
+
+
+@case("sync")
+def item(dev):
+    x = _x(dev)
+    _capture(dev, lambda: (x * 2).sum().item())
+
+
+@case("query")
+def stream_query(dev):
+    x = _x(dev)
+    _capture(dev, lambda: (x * 2, dev.current_stream().query()))
+
+
+@case("captured_event")
+def captured_event_query(dev):
+    x = _x(dev)
+
+    def body():
+        ev = dev.Event()
+        x.mul_(2)
+        ev.record()
+        ev.query()
+
+    _capture(dev, body)
+
+
+@case("captured_event")
+def captured_event_synchronize(dev):
+    x = _x(dev)
+
+    def body():
+        ev = dev.Event()
+        x.mul_(2)
+        ev.record()
+        ev.synchronize()
+
+    _capture(dev, body)
+
+
+@case("isolation")
+def wait_on_an_event_recorded_before_the_capture(dev):
+    x, side, ev = _x(dev), dev.Stream(), dev.Event()
+    with dev.stream(side):
+        x.mul_(2)
+    ev.record(side)
+
+    def body():
+        dev.current_stream().wait_event(ev)
+        x.add_(1)
+
+    _capture(dev, body)
+
+
+@case("isolation")
+def wait_stream_on_a_stream_outside_the_capture(dev):
+    x, idle = _x(dev), dev.Stream()
+
+    def body():
+        x.add_(1)
+        dev.current_stream().wait_stream(idle)
+
+    _capture(dev, body)
+
+
+@case("merge")
+def wait_on_an_event_of_an_earlier_capture(dev):
+    x, ev = _x(dev), dev.Event()
+
+    def first():
+        x.mul_(2)
+        ev.record()
+
+    g1 = _capture(dev, first)
+
+    def second():
+        dev.current_stream().wait_event(ev)
+        x.add_(1)
+
+    _capture(dev, second, pool=g1.pool())
+
+
+@case("unjoined")
+def side_stream_not_joined(dev):
+    x, side = _x(dev), dev.Stream()
+
+    def body():
+        side.wait_stream(dev.current_stream())
+        with dev.stream(side):
+            x.mul_(2)
+
+    _capture(dev, body)
+
+
+@case("legacy")
+def work_on_the_default_stream(dev):
+    x = _x(dev)
+
+    def body():
+        x.mul_(2)
+        with dev.stream(torch.cuda.default_stream() if dev.name == "cuda" else dev.default_stream):
+            x.add_(1)
+
+    _capture(dev, body)
+
+
+@case("uncaptured_stream")
+def work_on_a_stream_that_never_joined(dev):
+    x, other = _x(dev), dev.Stream()
+
+    def body():
+        x.mul_(2)
+        with dev.stream(other):
+            x.add_(1)  # in place: no allocation
+
+    _capture(dev, body)
+
+
+@case("default_stream")
+def capture_on_the_default_stream(dev):
+    x, g = _x(dev), dev.CUDAGraph()
+    g.capture_begin()
+    try:
+        x.mul_(2)
+    finally:
+        g.capture_end()
+
+
+@case("end_stream")
+def end_on_another_stream(dev):
+    x, s1, s2, g = _x(dev), dev.Stream(), dev.Stream(), dev.CUDAGraph()
+    with dev.stream(s1):
+        g.capture_begin()
+        x.mul_(2)
+    try:
+        with dev.stream(s2):
+            g.capture_end()
+    finally:
+        with dev.stream(s1):  # the capture is still underway on s1: end it there
+            if dev.is_current_stream_capturing():
+                with contextlib.suppress(Exception):
+                    g.capture_end()
+
+
+@case("graph_destroyed")
+def a_graph_destroyed_while_capturing(dev):
+    """An earlier graph kept alive only by a reference cycle; the collector runs inside a capture."""
+    x = _x(dev)
+    was = gc.isenabled()
+    gc.disable()  # the collector runs inside the capture below, not before it
+    try:
+        old = _capture(dev, lambda: x.mul_(2))
+        cycle = [old]
+        cycle.append(cycle)
+        del old, cycle
+        _capture(dev, lambda: (x.add_(1), gc.collect()))
+    finally:
+        if was:
+            gc.enable()
+
+
+@case("legal")
+def wait_on_an_event_never_recorded(dev):
+    x, ev = _x(dev), dev.Event()
+    _capture(dev, lambda: (dev.current_stream().wait_event(ev), x.mul_(2)))
+
+
+@case("legal")
+def fork_and_join(dev):
+    x, side = _x(dev), dev.Stream()
+
+    def body():
+        side.wait_stream(dev.current_stream())
+        with dev.stream(side):
+            y = x * 2
+        dev.current_stream().wait_stream(side)
+        return y
+
+    _capture(dev, body)
+
+
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Row:
+    case: str
+    rule: str  # the rule the case breaks ("legal": none)
+    backend: str
+    outcome: str  # "ok" | "error"
+    error: str = ""  # the error's type and first line
+    named_rule: str = ""  # the rule the audit names for that error
+    warnings: str = ""  # warnings raised meanwhile (torch's CUDA warnings: e.g. in a destructor)
+    captures_again: bool = None  # a legal capture right afterwards captures and replays
+
+
+def probe(dev):
+    """A legal capture with a fork and a join, replayed and checked: True if the device is usable."""
+    x, side = torch.arange(N, dtype=torch.float32, device=dev.torch_device), dev.Stream()
+    g = dev.CUDAGraph()
+    with dev.graph(g):
+        side.wait_stream(dev.current_stream())
+        with dev.stream(side):
+            y = x * 2
+        dev.current_stream().wait_stream(side)
+        z = y + 1
+    g.replay()
+    dev.synchronize()
+    return bool(torch.equal(z, x * 2 + 1))
+
+
+@contextlib.contextmanager
+def stderr_lines():
+    """The lines written to file descriptor 2 meanwhile: torch's C++ warnings (a destructor's
+    "operation not permitted when stream is capturing (function reset)") bypass Python's."""
+    lines = []
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile(mode="w+") as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield lines
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            lines.extend(x.strip() for x in tmp.read().splitlines() if x.strip())
+
+
+def _first_line(e):
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0] if text else ''}"[:300]
+
+
+def run_one(dev, c):
+    row = Row(c.name, c.rule, dev.name, "ok")
+    prev = dev.current_stream()
+    failure = None
+    with stderr_lines() as err, warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            c.run(dev)
+        except Exception as e:
+            row.outcome, row.error, failure = "error", _first_line(e), e
+        finally:
+            audit.restore_stream(dev, prev)
+    warned = [str(w.message).splitlines()[0] for w in caught] + err
+    if failure is not None:
+        row.named_rule = audit.rule_of(failure, warned) or ""
+    # drop the error now: its traceback holds this frame, which holds it (a cycle), and the case's
+    # frames, whose graphs would then wait for the collector, which may run inside a later capture
+    failure = None
+    row.warnings = " | ".join(w[:200] for w in warned)
+    try:
+        row.captures_again = probe(dev)
+    except Exception as e:
+        row.captures_again = False
+        row.warnings += f" | probe: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
+    return row
+
+
+def run(dev, cases=None):
+    return [run_one(dev, c) for c in CASES if cases is None or c.name in cases]
+
+
+def table(sim_rows, cuda_rows):
+    """Rows of the parity table: rule, case, what CUDA did, what the simulator did, the same?"""
+    cuda = {r.case: r for r in cuda_rows}
+    out = []
+    for s in sim_rows:
+        c = cuda.get(s.case)
+        out.append(
+            dict(
+                case=s.case,
+                rule=s.rule,
+                cuda=(c.error or "captured") if c else "not measured",
+                cuda_rule=c.named_rule if c else "",
+                cuda_captures_again=c.captures_again if c else None,
+                sim=s.error or "captured",
+                sim_rule=s.named_rule,
+                sim_captures_again=s.captures_again,
+                same=(c is not None and c.outcome == s.outcome and c.named_rule == s.named_rule),
+            )
+        )
+    return out

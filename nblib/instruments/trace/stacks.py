@@ -1,0 +1,77 @@
+"""Python stacks for the audit: where a tensor was allocated or freed and where an op was issued,
+with the instruments' own frames (and torch's, triton's, the simulator's) left out."""
+
+import linecache
+import os
+import sys
+
+import torch
+
+from nblib.core.paths import NBLIB
+
+# frames of these files are the instruments', not the user's
+_SKIP_FILES = tuple(
+    str(NBLIB / f)
+    for f in (
+        "instruments/trace" + os.sep,
+        "instruments/audit.py",
+        "instruments/audit_graph.py",
+        "backends/sim" + os.sep,
+    )
+)
+_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
+_SKIP_SUFFIX = ("contextlib.py", "weakref.py")
+
+
+def skip(filename):
+    """True for a frame that is not the user's: instruments, simulator, torch, triton, contextlib."""
+    return (
+        filename.startswith(_SKIP_FILES)
+        or filename.startswith(_TORCH_DIR)
+        or filename.endswith(_SKIP_SUFFIX)
+        or f"{os.sep}triton{os.sep}" in filename
+    )
+
+
+def python_stack(limit=12, depth=1):
+    """The caller's frames outside torch, triton and this package's instruments: innermost last."""
+    f = sys._getframe(depth)
+    out = []
+    while f is not None and len(out) < limit:
+        fn = f.f_code.co_filename
+        if not skip(fn):
+            out.append(dict(filename=fn, line=f.f_lineno, name=f.f_code.co_name))
+        f = f.f_back
+    out.reverse()
+    return out
+
+
+def user_frames(stack):
+    """A stack without the instruments' own frames (sim stacks keep audit.py's caller frames)."""
+    return [
+        fr
+        for fr in (stack or [])
+        if not skip(fr["filename"]) and f"{os.sep}site-packages{os.sep}" not in fr["filename"]
+    ]  # IPython, papermill, pytest
+
+
+def site(stack, code=True):
+    """'model.py:172 in _logits_buffer: t = torch.empty(...)': the innermost user frame."""
+    frames = user_frames(stack)
+    if not frames:
+        return "?"
+    fr = frames[-1]
+    s = f"{os.path.basename(fr['filename'])}:{fr['line']} in {fr['name']}"
+    if code:
+        line = linecache.getline(fr["filename"], fr["line"]).strip()
+        if line:
+            s += f": {line[:90]}"
+    return s
+
+
+def format_stack(stack, indent="    "):
+    return "\n".join(
+        f"{indent}{os.path.basename(fr['filename'])}:{fr['line']} in {fr['name']}: "
+        f"{linecache.getline(fr['filename'], fr['line']).strip()}"
+        for fr in user_frames(stack)
+    )

@@ -1,0 +1,37 @@
+"""The setup cell every notebook opens with, as one call:
+
+    dev, res = nblib.setup("00_reproduce", globals())
+
+It reads the notebook's declared parameters (nblib.publish.params.DECLARES) from the namespace the
+parameters cell filled, validates them against the profile schema (one-line error before anything
+heavy), opens the device, seeds it, and starts results.json with the parameters actually applied.
+"""
+
+from typing import NamedTuple
+
+from nblib.backends import device
+from nblib.core.results import Results
+from nblib.publish import params
+
+
+class Setup(NamedTuple):
+    dev: object  # nblib.backends.device: cuda or sim
+    res: Results  # this notebook's results.json
+
+
+def setup(notebook, namespace, fixed=None):
+    """Validate, open the device, seed it, start results.json. fixed: what this notebook runs
+    whatever the profile lists (e.g. bf16 only), recorded beside the parameters."""
+    if notebook not in params.DECLARES:
+        raise ValueError(f"unknown notebook {notebook!r}: choose one of {', '.join(params.DECLARES)}")
+    keys = params.DECLARES[notebook]
+    missing = [k for k in keys if k not in namespace]
+    if missing:
+        raise ValueError(f"notebook {notebook} lacks parameter {missing[0]!r}: run its parameters cell first")
+    applied = params.validate({k: namespace[k] for k in keys}, f"notebook {notebook}", keys)
+    dev = device.get(applied["backend"])
+    if "seed" in applied:
+        dev.manual_seed(applied["seed"])  # the simulator's replay timing; CUDA's RNG
+    res = Results(notebook, applied["output_dir"], dev, applied, fixed)
+    print({k: res[k] for k in ("backend", "device", "torch", "triton", "commit")})
+    return Setup(dev, res)

@@ -1,0 +1,102 @@
+"""Measure on a CUDA GPU the numbers the simulator's timing model uses, and write them as JSON.
+
+    python scripts/calibrate_sim.py OUTDIR   # -> OUTDIR/h200.json: commit it as params/calibration/h200.json
+
+Each figure is a median over CUDA-graph replays timed with CUDA events:
+  latency_s              one kernel node of a graph: a graph of N tiny kernels, divided by N
+  bandwidth_Bps          a graph holding one large device-to-device copy (read + write bytes)
+  program_bandwidth_Bps  one indexer program streaming its request's keys: the bf16 indexer with one
+                         program per request at bs 1, the slope between two context lengths
+  sigma                  the per-node jitter: std of log(replay time) of the N-kernel graph, times
+                         sqrt(N) (independent per-node jitter adds up in quadrature)
+"""
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from kernels import indexer as kx
+from nblib.core.results import commit
+
+N_TINY = 64
+REPLAYS = 300
+
+
+def graph_times(fn, replays=REPLAYS):
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    for _ in range(10):
+        g.replay()
+    ts = []
+    for _ in range(replays):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b) * 1e-3)
+    return ts
+
+
+def indexer_seconds(ctx, heads=64, dim=128):
+    pages = -(-ctx // kx.PAGE)
+    cache = torch.randn(pages + 1, kx.PAGE, dim, device="cuda").to(torch.bfloat16)
+    q = torch.randn(1, heads, dim, device="cuda").to(torch.bfloat16)
+    w = torch.rand(1, heads, device="cuda")
+    table = torch.arange(1, pages + 1, dtype=torch.int32, device="cuda").view(1, -1)
+    lens = torch.tensor([ctx], dtype=torch.int32, device="cuda")
+    out = torch.empty(1, pages * kx.PAGE, device="cuda")
+    return statistics.median(graph_times(lambda: kx.indexer_logits_bf16(q, w, cache, table, lens, out, 1)))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("out")
+    a = ap.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("error: needs a CUDA GPU (the calibration is a measurement)")
+    x = torch.zeros(1, device="cuda")
+    tiny = graph_times(lambda: [x.add_(1) for _ in range(N_TINY)])
+    big = torch.empty(1 << 28, device="cuda")  # 1 GiB
+    dst = torch.empty_like(big)
+    copy = statistics.median(graph_times(lambda: dst.copy_(big), replays=50))
+    short, long_ = 2048, 32768
+    t_short, t_long = indexer_seconds(short), indexer_seconds(long_)
+    logs = [math.log(t) for t in tiny]
+    timing = dict(
+        latency_s=statistics.median(tiny) / N_TINY,
+        bandwidth_Bps=2 * big.numel() * big.element_size() / copy,
+        program_bandwidth_Bps=(long_ - short) * 128 * 2 / (t_long - t_short),
+        sigma=statistics.pstdev(logs) * math.sqrt(N_TINY),
+    )
+    rec = dict(
+        timing=timing,
+        measured=dict(
+            tiny_graph_s=statistics.median(tiny), copy_s=copy, indexer_s={short: t_short, long_: t_long}
+        ),
+        device=torch.cuda.get_device_name(),
+        torch=torch.__version__,
+        commit=commit(),
+        date=time.strftime("%Y-%m-%d"),
+        how=__doc__,
+    )
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "h200.json").write_text(json.dumps(rec, indent=1) + "\n")
+    print(json.dumps(timing))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,190 @@
+"""Where is the race's window on this GPU? One call measures, for several trunk depths:
+- the side branch alone (indexer + top-k) and the main branch alone (trunk + MLP) per bucket and
+  context, as CUDA-graph replays (median of N);
+- the decode step with overlap on and off per bucket and context;
+- the agentic workload through the overlapped graphs: every step's contexts and verdict.
+  python scripts/gpu_window_probe.py OUTDIR [--trunks 8 16 24] [--rounds 3]
+"""
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+import yaml
+
+from nblib.backends import device
+from nblib.engine.model import PAGE, DecodeModel, ModelConfig
+from nblib.engine.runner import Runner
+from nblib.engine.workload import WorkloadConfig, run_sessions
+
+
+def batch(m, bucket, ctx, seed=0):
+    """bucket requests of `ctx` entries on distinct pages, prefilled."""
+    npages = -(-ctx // PAGE)
+    d = m.dev.torch_device
+    table = torch.zeros(bucket, m.cfg.max_ctx // PAGE, dtype=torch.int32)
+    table[:, :npages] = torch.arange(1, 1 + bucket * npages, dtype=torch.int32).view(bucket, npages)
+    m.prefill_entries(
+        torch.arange(PAGE, PAGE * (1 + bucket * npages), device=d),
+        torch.Generator(device=d).manual_seed(seed),
+    )
+    lens = torch.full((bucket,), ctx, dtype=torch.int32)
+    stores = torch.full((bucket,), PAGE - 1, dtype=torch.long)
+    tokens = torch.arange(bucket) * 7 % m.cfg.vocab
+    return tuple(x.to(d) for x in (tokens, table, lens, stores))
+
+
+def graph_ms(fn, reps):
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    for _ in range(3):
+        g.replay()
+    ts = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b))
+    del g
+    return statistics.median(ts), statistics.pstdev(ts)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("--trunks", nargs="+", default=["8", "16", "24"], help="LAYERS or LAYERS:WIDTH")
+    ap.add_argument("--buckets", type=int, nargs="+", default=[1, 2, 8, 32, 64])
+    ap.add_argument("--ctxs", type=int, nargs="+", default=[2048, 8192, 24576])
+    ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument(
+        "--run-buckets", type=int, nargs="+", help="buckets to run the workload in (default: all)"
+    )
+    ap.add_argument(
+        "--programs", type=int, nargs="+", default=[0], help="indexer programs per request (0: fill the GPU)"
+    )
+    ap.add_argument("--no-branch", action="store_true", help="skip the branch-alone timings")
+    ap.add_argument(
+        "--workload",
+        default='{"sessions": 40, "rounds": 3, "ctx_min": 2048, "ctx_max": 24576, '
+        '"turn_ctx": 4096, "out_min": 16, "out_max": 48, "think_min": 1, "think_max": 8}',
+    )
+    a = ap.parse_args()
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    dev = device.get("cuda")
+    prof = yaml.safe_load(open("params/gpu.yaml"))
+    base = dict(
+        prof["model"],
+        num_pages=max(prof["model"]["num_pages"], 1 + max(a.buckets) * max(a.ctxs) // PAGE + 64, 30000),
+    )
+    wl = json.loads(a.workload)
+    res = dict(
+        device=torch.cuda.get_device_name(), torch=torch.__version__, base=base, workload=wl, trunks={}
+    )
+
+    for trunk, progs in [(tr, p) for p in a.programs for tr in a.trunks]:
+        trunk = f"{trunk}/p{progs}"
+        t0 = time.time()
+        r = res["trunks"][trunk] = dict(branch={}, step={}, runs={}, aliases=[])
+        for ov in ("on", "off"):
+            layers, _, width = str(trunk).split("/")[0].partition(":")
+            shape = dict(
+                trunk_layers=int(layers),
+                trunk_width=int(width or base.get("trunk_width", 2048)),
+                indexer_programs=progs,
+            )
+            m = DecodeModel(ModelConfig(**base, **shape, overlap=ov), dev)
+            if ov == "on" and not a.no_branch:
+                for b in a.buckets:
+                    for ctx in a.ctxs:
+                        tok, table, lens, stores = batch(m, b, ctx)
+                        x = m.embed[tok]
+                        q = (x @ m.w_q).view(-1, m.cfg.heads, m.cfg.dim)
+                        hw = (x @ m.w_head).float()
+                        logits = torch.empty(b, m.cfg.max_ctx, device="cuda")
+                        side = graph_ms(lambda: m.indexer(q, hw, table, lens, logits), a.reps)
+                        main = graph_ms(lambda: m.main_branch(x), a.reps)
+                        trunk_only = graph_ms(lambda: m.trunk(x), a.reps) if trunk else (0.0, 0.0)
+                        r["branch"][f"{b}/{ctx}"] = dict(
+                            side_ms=side[0],
+                            main_ms=main[0],
+                            trunk_ms=trunk_only[0],
+                            side_sd=side[1],
+                            main_sd=main[1],
+                        )
+            runner = Runner(m, a.buckets, "graph").capture()
+            if ov == "on":
+                r["aliases"] = [
+                    dict(bucket=x["bucket"], first=x["first"], second=x["second"], shared=x["shared_bytes"])
+                    for x in runner.aliases()
+                ]
+            for b in a.buckets:
+                for ctx in a.ctxs:
+                    args = batch(m, b, ctx)
+                    st = runner.static[b]
+                    st.fill(*args)
+                    g = runner.graphs[b][0]
+                    ts = []
+                    for i in range(a.reps + 3):
+                        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                        e0.record()
+                        g.replay()
+                        e1.record()
+                        e1.synchronize()
+                        ts.append(e0.elapsed_time(e1))
+                    r["step"].setdefault(f"{b}/{ctx}", {})[ov] = statistics.median(ts[3:])
+            if ov == "on":
+                for b in a.run_buckets or a.buckets:
+                    w = WorkloadConfig(**{**wl, "concurrency": b})
+                    res_b = run_sessions(runner, w)
+                    steps = [
+                        dict(
+                            bucket=s["bucket"],
+                            bs=s["bs"],
+                            ctx_sum=s["ctx_sum"],
+                            ctx_max=s["ctx_max"],
+                            bad=s["bad_rows"],
+                        )
+                        for s in res_b["step_log"]
+                    ]
+                    r["runs"][b] = dict(
+                        sessions=res_b["sessions"],
+                        corrupted_sessions=res_b["corrupted_sessions"],
+                        steps=res_b["steps"],
+                        corrupted_steps=res_b["corrupted_steps"],
+                        step_log=steps,
+                    )
+                    print(
+                        f"trunk {trunk} bucket {b}: sessions {res_b['corrupted_sessions']}/{res_b['sessions']} "
+                        f"steps {res_b['corrupted_steps']}/{res_b['steps']}",
+                        flush=True,
+                    )
+            del runner, m
+            torch.cuda.empty_cache()
+        for k, v in r["step"].items():
+            bb = r["branch"].get(k, {})
+            print(
+                f"trunk {trunk} {k:>9s}: step on {v['on']:.3f} off {v['off']:.3f} gain {1 - v['on'] / v['off']:+.1%} "
+                f"side {bb.get('side_ms', 0):.3f} main {bb.get('main_ms', 0):.3f} trunk {bb.get('trunk_ms', 0):.3f}",
+                flush=True,
+            )
+        print(
+            f"trunk {trunk}: aliases {sorted({(x['bucket'], x['second']) for x in r['aliases']})} ({time.time() - t0:.0f} s)",
+            flush=True,
+        )
+        (out / "probe.json").write_text(json.dumps(res))
+
+
+if __name__ == "__main__":
+    main()

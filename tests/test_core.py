@@ -1,0 +1,48 @@
+"""nblib.core: atomic writes leave the old file or the new one, never a half; the commit a result
+records is this project's, or "unknown", never the commit of some enclosing repository."""
+
+import json
+import subprocess
+
+import pytest
+
+from nblib.core import files, results
+
+
+def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path, monkeypatch):
+    path = files.write_json(tmp_path / "r.json", {"status": "ok"})
+    assert json.loads(path.read_text()) == {"status": "ok"} and oct(path.stat().st_mode)[-3:] == "644"
+
+    def crash(src, dst):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(files.os, "replace", crash)
+    with pytest.raises(OSError, match="disk full"):
+        files.write_text(path, "half")
+    assert json.loads(path.read_text()) == {"status": "ok"}
+    assert [p.name for p in tmp_path.iterdir()] == ["r.json"]
+
+
+def _git(cwd, *args):
+    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True).stdout.strip()
+
+
+def test_commit_is_this_projects_or_unknown(tmp_path, monkeypatch):
+    monkeypatch.delenv("NBLIB_COMMIT", raising=False)
+    repo = tmp_path / "outer"
+    (repo / "project").mkdir(parents=True)
+    _git(repo, "init", "-q")
+    (repo / "f").write_text("x")
+    _git(repo, "add", "f")
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "outer")
+    head = _git(repo, "rev-parse", "HEAD")
+    monkeypatch.setattr(results, "ROOT", repo)  # the project is the repository: its HEAD
+    assert results.commit() == head
+    (repo / "f").write_text("changed")
+    assert results.commit() == head + "+dirty"
+    monkeypatch.setattr(results, "ROOT", repo / "project")  # a copy inside someone else's checkout
+    assert results.commit() == "unknown"
+    monkeypatch.setattr(results, "ROOT", tmp_path)  # no git at all
+    assert results.commit() == "unknown"
+    monkeypatch.setenv("NBLIB_COMMIT", "abc123")  # the carried commit wins
+    assert results.commit() == "abc123"

@@ -1,0 +1,42 @@
+"""The fix's speed checks: two-sided, and they fail (never vanish) when the overlap's gain is lost."""
+
+from nblib.studies import fix
+
+
+def times(by_bucket):
+    """{bucket: (on, off, persistent, record_stream)} -> step_times rows (ms)."""
+    names = (fix.BUGGY, "overlap off", "persistent buffer", "record_stream")
+    return [
+        dict(variant=v, bucket=b, median_ms=ms) for b, row in by_bucket.items() for v, ms in zip(names, row)
+    ]
+
+
+def verdicts(by_bucket):
+    return {c["check"].split(":")[0]: c["holds"] for c in fix.speed_checks(fix.speed(times(by_bucket)))}
+
+
+def test_a_gain_kept_by_both_fixes_holds():
+    got = verdicts({2: (0.40, 0.50, 0.401, 0.402), 32: (0.60, 0.70, 0.60, 0.605), 48: (0.80, 0.82, 0.8, 0.8)})
+    assert got == {"overlap worth keeping": True, "persistent buffer": True, "record_stream": True}
+
+
+def test_a_slowed_fix_fails():
+    # persistent as slow as overlap off at bucket 32: it keeps none of the gain there
+    got = verdicts({2: (0.40, 0.50, 0.401, 0.40), 32: (0.60, 0.70, 0.70, 0.60)})
+    assert got["persistent buffer"] is False and got["record_stream"] is True
+
+
+def test_a_fix_faster_than_the_overlap_it_fixes_fails():
+    got = verdicts({2: (0.40, 0.50, 0.36, 0.40), 32: (0.60, 0.70, 0.60, 0.60)})
+    assert got["persistent buffer"] is False
+
+
+def test_no_gain_fails_every_speed_check():
+    got = verdicts({2: (0.50, 0.50, 0.50, 0.50), 32: (0.70, 0.69, 0.70, 0.70)})
+    assert got == {"overlap worth keeping": False, "persistent buffer": False, "record_stream": False}
+
+
+def test_speed_rows_carry_the_keys_results_json_promises():
+    row = fix.speed(times({8: (0.4, 0.5, 0.41, 0.42)}))[0]
+    assert {"bucket", "overlap_on_ms", "overlap_off_ms", "persistent_ms", "record_stream_ms"} <= set(row)
+    assert abs(row["overlap_gain"] - 0.25) < 1e-12 and abs(row["persistent_kept"] - 0.9) < 1e-9

@@ -1,0 +1,73 @@
+"""Every Triton kernel in kernels/ compiles for sm_90a (Hopper, where the suite runs) and sm_100a
+(Blackwell: compiled here, never run) with the configs its launcher picks for that architecture,
+and gets the code its performance depends on. No GPU needed: Triton ships ptxas and cuobjdump.
+The compile runs in a subprocess without TRITON_INTERPRET (set, it breaks triton.compile)."""
+
+import json
+
+import pytest
+from interp import run_without_interpreter
+
+from kernels import compile_check
+
+pytest.importorskip("triton.backends.nvidia", reason="this Triton has no NVIDIA backend to compile for")
+
+
+@pytest.fixture(scope="module")
+def reports():
+    r = run_without_interpreter(["-m", "kernels.compile_check"], timeout=900)
+    assert r.returncode == 0, r.stderr[-4000:]
+    rows = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+    return {(x["name"], x["arch"]): x for x in rows}
+
+
+def test_every_kernel_is_compiled_for_both_targets(reports):
+    names = {n for n, _ in reports}
+    assert {"logits_bf16", "logits_fp8"} <= names
+    assert set(reports) == {(n, a) for n in names for a in compile_check.ARCHS}
+
+
+@pytest.mark.parametrize("arch", compile_check.ARCHS)
+def test_tensor_core_instruction_per_target(reports, arch):
+    for (name, a), r in reports.items():
+        if a != arch:
+            continue
+        if r["expect_tensor_core"]:
+            op = compile_check.TENSOR_CORE_OP[arch]
+            assert r["tensor_core"] > 0, f"{name} on sm_{arch}a: tl.dot did not lower to {op}"
+        else:
+            assert r["tensor_core"] == 0, f"{name} on sm_{arch}a: unexpected tensor-core op"
+        assert r["other_tensor_core"] == 0, f"{name} on sm_{arch}a: another target's tensor-core op"
+
+
+def test_tma_exactly_where_a_descriptor_is_used(reports):
+    for key, r in reports.items():
+        if r["expect_tma"]:
+            assert r["tma"] > 0, f"{key}: descriptor path without cp.async.bulk.tensor"
+        else:
+            assert r["tma"] == 0, f"{key}: TMA where no descriptor is used"
+
+
+def test_no_spills_and_shared_memory_within_the_target(reports):
+    for key, r in reports.items():
+        assert r["ptx_local"] == 0 and r["local_bytes"] == 0 and r["stack_bytes"] == 0, f"{key} spills: {r}"
+        assert 0 < r["shared"] <= r["shared_limit"], f"{key}: {r['shared']} B of shared memory"
+
+
+def test_pipelining_is_what_the_config_says(reports):
+    """Pointer-path loads are 16-byte async copies; a config that asks for the copy/compute overlap
+    (num_stages > 4) gets an async_wait that leaves tiles in flight, and one that does not (the
+    fp8 config, 3 stages) gets only full waits: latency hidden across CTAs, not inside one."""
+    checked = 0
+    for key, r in reports.items():
+        if r["expect_overlap"] is None:
+            continue
+        checked += 1
+        if not r["expect_tma"]:
+            assert r["cp_async"] > 0, f"{key}: K tile not loaded with async copies"
+        assert r["waits"], f"{key}: no pipelined loads at all"
+        if r["expect_overlap"]:
+            assert max(r["waits"]) > 0, f"{key}: asked for overlap, got only full waits {r['waits']}"
+        else:
+            assert max(r["waits"]) == 0, f"{key}: waits {r['waits']}; update the config's comment"
+    assert checked >= 4
