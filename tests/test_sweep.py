@@ -40,10 +40,11 @@ def racy_sessions(res):
     "profile,grid,message",
     [
         ({}, {"notebook": "00", "grid": {"fix_target": [0.1, 0.2]}}, "'fix_target' is not a parameter of 00"),
-        ({"seeds": 1}, {"notebook": "00", "grid": {"seed": [0, 1]}}, "profile key 'seeds'"),
+        ({"seeds": 1}, {"notebook": "00", "grid": {"seed": [0, 1]}}, "unknown key 'seeds'"),
         ({}, {"notebook": "00", "grid": {"workload.session": [4]}}, "the profile's 'workload' has sessions"),
         ({}, {"notebook": "00", "grid": {"output_dir": ["x"]}}, "'output_dir' is not a parameter"),
-        ({}, {"notebook": "00", "grid": {"index_dtypes": [["int4"]]}}, "unknown index dtype 'int4'"),
+        ({}, {"notebook": "00", "grid": {"index_dtypes": [["int4"]]}}, "'int4' is not one of bf16, fp8"),
+        ({}, {"notebook": "00", "grid": {"workload.out_min": [99]}}, "out_min 99 is above out_max"),
         ({}, {"notebook": "09", "grid": {"seed": [0]}}, "unknown notebook '09'"),
         ({}, {"notebook": "00", "grid": {"seed": 3}}, "needs a non-empty list"),
         ({}, {"notebook": "00", "grid": {"seed": [1, 1]}}, "lists a value twice"),

@@ -12,8 +12,9 @@ A grid file (params/grids/*.yaml):
       index_dtypes: [[bf16], [fp8]]
       workload.sessions: [16, 40]   # a dotted key sets one field of a dict parameter
 
-Every grid key must be a parameter the notebook declares, and every profile key one that some
-notebook declares; a key that is not fails before anything runs, as does a value the knobs refuse.
+Every grid key must be a parameter the notebook declares (nblib.publish.params.DECLARES), and each
+point must pass the profile schema (params.validate); a key or value that does not fails in one
+line before anything runs.
 
 Each point is one `python -m nblib run` into OUT/points/<id>/ (the id is a hash of the point's
 values, so a changed grid never reuses a stale folder). Workers: one per GPU on a CUDA profile,
@@ -25,7 +26,6 @@ runs again; a point that fails is run once more, then recorded as failed.
     OUT/sweep.csv (or .parquet), OUT/sweep.png
 """
 
-import functools
 import hashlib
 import itertools
 import json
@@ -39,7 +39,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
-import papermill as pm
 import yaml
 from tqdm.auto import tqdm
 
@@ -48,9 +47,8 @@ from nblib.core.paths import ROOT
 from nblib.core.results import write_json
 from nblib.publish import params as P
 from nblib.publish import suite, sweep_table
-from nblib.studies import reproduce
 
-RESERVED = ("output_dir", "INTERACTIVE")  # the sweep sets the first; the second is for live sessions
+RESERVED = P.NOT_IN_PROFILES  # the sweep sets output_dir; INTERACTIVE is for live sessions
 ATTEMPTS = 2  # a failed point is run once more, then recorded as failed
 
 
@@ -80,11 +78,9 @@ class Outcome(NamedTuple):
     started: float = 0.0  # unix time, so a sweep's record shows its workers overlapping
 
 
-@functools.lru_cache
 def declared(notebook):
-    """The parameters a notebook declares (its `parameters` cell, read by papermill).
-    TODO(h3): answer from the pydantic profile schema in nblib.publish.params once it exists."""
-    return frozenset(pm.inspect_notebook(str(ROOT / "notebooks" / f"{notebook}.ipynb")))
+    """The parameters a notebook declares, from the profile schema (nblib.publish.params)."""
+    return frozenset(P.DECLARES[notebook])
 
 
 def load_grid(path, notebook=None):
@@ -112,13 +108,9 @@ def load_grid(path, notebook=None):
 
 
 def check_keys(profile, grid):
-    """A profile key no notebook declares, or a grid key the swept notebooks do not declare, fails
-    here in one line (with a dotted key, the profile must already hold the dict field it sets)."""
-    every = frozenset().union(*(declared(n) for n in suite.available()))
+    """A grid key the swept notebooks do not declare fails here in one line (with a dotted key, the
+    profile must already hold the dict field it sets). params.load has checked the profile's keys."""
     mine = frozenset().union(*(declared(n) for n in grid.notebooks))
-    for k in profile:
-        if k not in every or k in RESERVED:
-            raise ValueError(f"profile key {k!r} is no notebook's parameter: remove it or fix its name")
     for k in grid.keys:
         base, _, field = k.partition(".")
         if base not in mine or base in RESERVED:
@@ -140,24 +132,15 @@ def _set(params, key, value):
 
 
 def points(profile, grid):
-    """Every combination of the grid's values applied to the profile, each checked like a notebook
-    would check it (a bad knob value fails here, naming the point, before anything runs)."""
+    """Every combination of the grid's values applied to the profile, each validated by the profile
+    schema (a bad value fails here in one line, naming the point, before anything runs)."""
     out = []
     for combo in itertools.product(*grid.values):
         values = dict(zip(grid.keys, combo))
         params = json.loads(json.dumps(profile))  # a deep copy, plain values only
         for k, v in values.items():
             _set(params, k, v)
-        try:
-            reproduce.check_matrix_args(
-                params.get("index_dtypes", ["bf16"]),
-                params.get("modes", ["graph"]),
-                params.get("overlaps", ["on"]),
-                params.get("buckets", [1]),
-                params.get("logits_policy", "transient"),
-            )
-        except ValueError as e:
-            raise ValueError(f"grid point {values}: {e}") from None
+        P.validate(params, f"grid point {values}", list(profile))
         digest = hashlib.sha1(json.dumps(values, sort_keys=True).encode()).hexdigest()[:10]
         out.append(Point(digest, values, params))
     return out
