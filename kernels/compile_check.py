@@ -47,9 +47,9 @@ class Case(NamedTuple):
 
 def cases(arch):
     """Every kernel's launches for arch, from the launchers themselves (their compile_cases)."""
-    from kernels import logits
+    from kernels import logits, topk
 
-    return logits.compile_cases(arch)
+    return logits.compile_cases(arch) + topk.compile_cases(arch)
 
 
 def _resource_usage(cubin):
@@ -70,6 +70,7 @@ def inspect(case, arch):
     usage = _resource_usage(k.asm["cubin"])
     return dict(
         name=case.name,
+        kernel=case.launch.kernel.__name__,
         arch=arch,
         options=case.launch.options,
         constexprs={p.name: case.launch.args[p.name] for p in case.launch.kernel.params if p.is_constexpr},
