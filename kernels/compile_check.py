@@ -47,9 +47,10 @@ class Case(NamedTuple):
 
 def cases(arch):
     """Every kernel's launches for arch, from the launchers themselves (their compile_cases)."""
-    from kernels import logits, topk
+    from kernels import checksum, differential, logits, topk
 
-    return logits.compile_cases(arch) + topk.compile_cases(arch)
+    modules = (logits, topk, checksum, differential)
+    return [case for m in modules for case in m.compile_cases(arch)]
 
 
 def _resource_usage(cubin):

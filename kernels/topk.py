@@ -120,6 +120,53 @@ def _kth_largest(keys, k, BITS: tl.constexpr):
 
 
 @triton.jit
+def _threshold(x_row, idx_row, n, K, GATHER: tl.constexpr, BLOCK: tl.constexpr, RADIX_BITS: tl.constexpr):
+    """Radix select of the K-th largest key among n entries of a row (entries idx_row[0:n] when
+    GATHER, else 0..n-1), RADIX_BITS per pass from the top. A 2^RADIX_BITS-bin histogram of the
+    next digit among keys that match the digits found so far gives the next digit; stop once
+    every key left in the chosen bin is taken. Returns (prefix, shift, k_rem, take_all): entry
+    t is selected if key >> shift > prefix, or == prefix and among the first k_rem such."""
+    NUM_BINS: tl.constexpr = 1 << RADIX_BITS
+    bins = tl.arange(0, NUM_BINS)
+    take_all = n <= K
+    prefix = tl.zeros([], tl.uint32)
+    shift = tl.full([], 32, tl.int32)
+    k_rem = K + tl.zeros([], tl.int32)
+    done = take_all
+    for p in tl.static_range(32 // RADIX_BITS):
+        if not done:
+            SH: tl.constexpr = 32 - RADIX_BITS * (p + 1)
+            hist = tl.zeros([NUM_BINS], tl.int32)
+            for start in range(0, n, BLOCK):
+                offs = start + tl.arange(0, BLOCK)
+                ok = offs < n
+                idx = tl.load(idx_row + offs, mask=ok, other=0) if GATHER else offs
+                key = _order_key(tl.load(x_row + idx, mask=ok, other=0.0))
+                if p > 0:
+                    ok = ok & ((key >> (SH + RADIX_BITS)) == prefix)
+                hist += tl.histogram(((key >> SH) & (NUM_BINS - 1)).to(tl.int32), NUM_BINS, mask=ok)
+            # ge[d]: keys whose digit >= d; the k-th largest has the largest d with ge[d] >= k_rem
+            ge = tl.sum(hist) - tl.cumsum(hist, 0) + hist
+            d = tl.sum((ge >= k_rem).to(tl.int32)) - 1
+            k_rem -= tl.sum(tl.where(bins == d, ge - hist, 0))  # every key above bin d is taken
+            prefix = (prefix << RADIX_BITS) | d.to(tl.uint32)
+            shift = tl.full([], SH, tl.int32)
+            done = tl.sum(tl.where(bins == d, hist, 0)) == k_rem  # the whole bin is taken
+    return prefix, shift, k_rem, take_all
+
+
+@triton.jit
+def _selected(key, ok, prefix, shift, k_rem, take_all, ties):
+    """Which keys of a block _threshold's answer selects, given `ties` selected-bin keys in earlier
+    blocks (ties go to the lowest index); returns (selected, ties so far)."""
+    hi = key >> tl.minimum(shift, 31).to(tl.uint32)  # shift 32 only with take_all: unused
+    tie = ok & (hi == prefix)
+    rank = ties + tl.cumsum(tie.to(tl.int32), 0) - 1
+    sel = ok & ((hi > prefix) | (tie & (rank < k_rem)) | take_all)
+    return sel, ties + tl.sum(tie.to(tl.int32))
+
+
+@triton.jit
 def _row_maxima_kernel(
     x_ptr,
     len_ptr,
@@ -167,7 +214,6 @@ def _topk_kernel(
     RADIX_BITS: tl.constexpr,
     BOUND_BITS: tl.constexpr,
 ):
-    NUM_BINS: tl.constexpr = 1 << RADIX_BITS
     SUBS: tl.constexpr = BLOCK // SUB  # sub-chunks gathered per step
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * stride_x
@@ -178,7 +224,6 @@ def _topk_kernel(
     if HAS_LEN:
         n = tl.minimum(tl.maximum(tl.load(len_ptr + row), 0), width)
     offs0 = tl.arange(0, BLOCK)
-    bins = tl.arange(0, NUM_BINS)
 
     # 2a. a lower bound on the k-th largest key: the k-th largest sub-chunk maximum (k distinct
     # entries reach it), or 0 (every entry) when fewer than k sub-chunks hold a valid entry
@@ -202,35 +247,8 @@ def _topk_kernel(
         tl.store(c_row + c + tl.cumsum(cand.to(tl.int32), 0) - 1, t, mask=cand)
         c += tl.sum(cand.to(tl.int32))
 
-    # 2d. radix select among the candidates: prefix = top digits of the k-th largest key found so
-    # far, shift = bits below them, k_rem = how many still to take among keys matching prefix
-    take_all = c <= K
-    prefix = tl.zeros([], tl.uint32)
-    shift = tl.full([], 32, tl.int32)
-    k_rem = K
-    done = take_all
-    for p in tl.static_range(32 // RADIX_BITS):
-        if not done:
-            SH: tl.constexpr = 32 - RADIX_BITS * (p + 1)
-            hist = tl.zeros([NUM_BINS], tl.int32)
-            for start in range(0, c, BLOCK):
-                offs = start + offs0
-                ok = offs < c
-                idx = tl.load(c_row + offs, mask=ok, other=0)
-                key = _order_key(tl.load(x_row + idx, mask=ok, other=0.0))
-                if p > 0:
-                    ok = ok & ((key >> (SH + RADIX_BITS)) == prefix)
-                digit = ((key >> SH) & (NUM_BINS - 1)).to(tl.int32)
-                hist += tl.histogram(digit, NUM_BINS, mask=ok)
-            # ge[d]: keys whose digit >= d; the k-th largest has the largest d with ge[d] >= k_rem
-            ge = tl.sum(hist) - tl.cumsum(hist, 0) + hist
-            d = tl.sum((ge >= k_rem).to(tl.int32)) - 1
-            k_rem -= tl.sum(tl.where(bins == d, ge - hist, 0))  # all keys above bin d are taken
-            prefix = (prefix << RADIX_BITS) | d.to(tl.uint32)
-            shift = tl.full([], SH, tl.int32)
-            done = tl.sum(tl.where(bins == d, hist, 0)) == k_rem  # the whole bin is taken
-
-    # 3. write the selection in index order; -inf entries are reported as -1 (the padding)
+    # 2d. radix select among the candidates, then 3. write them in index order
+    prefix, shift, k_rem, take_all = _threshold(x_row, c_row, c, K, True, BLOCK, RADIX_BITS)
     taken = tl.zeros([], tl.int32)
     ties = tl.zeros([], tl.int32)
     for start in range(0, c, BLOCK):
@@ -238,15 +256,10 @@ def _topk_kernel(
         ok = offs < c
         idx = tl.load(c_row + offs, mask=ok, other=0)
         x = tl.load(x_row + idx, mask=ok, other=0.0)
-        hi = _order_key(x) >> tl.minimum(shift, 31).to(tl.uint32)  # 32 only with take_all: unused
-        tie = ok & (hi == prefix)
-        tie_rank = ties + tl.cumsum(tie.to(tl.int32), 0) - 1
-        sel = ok & ((hi > prefix) | (tie & (tie_rank < k_rem)) | take_all)
-        sel = sel & (x != float("-inf"))
-        pos = taken + tl.cumsum(sel.to(tl.int32), 0) - 1
-        tl.store(o_row + pos, idx, mask=sel)
+        sel, ties = _selected(_order_key(x), ok, prefix, shift, k_rem, take_all, ties)
+        sel = sel & (x != float("-inf"))  # -inf entries are reported as -1 (the padding)
+        tl.store(o_row + taken + tl.cumsum(sel.to(tl.int32), 0) - 1, idx, mask=sel)
         taken += tl.sum(sel.to(tl.int32))
-        ties += tl.sum(tie.to(tl.int32))
     for start in range(0, K, BLOCK):
         offs = start + offs0
         tl.store(o_row + offs, tl.full([BLOCK], -1, tl.int32), mask=(offs >= taken) & (offs < K))
