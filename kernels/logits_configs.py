@@ -6,7 +6,7 @@ there is one, else (kind, arch major); archs without an entry (sm_80, sm_120) us
 lower major that has one, else sm_90's. The model runs one shape (H 64, D 128), so the table
 holds the per-architecture defaults; a sweep on another shape adds (kind, major, heads, dim) keys.
 
-Why these (sm_90, measured on the H200 at B 32, L 65536, H 64, D 128: outputs/bench/bench.md,
+Why these (sm_90, measured on the H200 at B 32, L 65536, H 64, D 128: outputs/bench/h200-3ff34cd/bench.md,
 bf16 153 us, fp8 91.6 us, pointer loads, one launch per work item):
   the page-id load feeds the K load's address, so that chain costs the software pipeliner stages.
   num_stages <= 4 leaves every async_wait at num=0 (the copy is async, but each tile waits for its
