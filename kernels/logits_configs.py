@@ -1,18 +1,19 @@
 """Launch configs of the logits kernel (kernels.logits): what runs where, why, and the pruned
-space the sweep (kernels.sweep) times to choose them.
+space the sweep (kernels.logits_bench) times to choose them.
 
 Lookup: config_for(kind, arch, heads, dim) takes the entry for (kind, arch major, heads, dim) if
 there is one, else (kind, arch major); archs without an entry (sm_80, sm_120) use the nearest
 lower major that has one, else sm_90's. The model runs one shape (H 64, D 128), so the table
 holds the per-architecture defaults; a sweep on another shape adds (kind, major, heads, dim) keys.
 
-Why these (sm_90, measured on the H200 at B 32, L 65536, H 64, D 128: outputs/bench/h200-3ff34cd/bench.md,
-bf16 153 us, fp8 91.6 us, pointer loads, one launch per work item):
+Why these (sm_90: measured on the H200 at B 32, L 65536, H 64, D 128, bf16 153 us and fp8 91.6 us,
+outputs/bench/h200-3ff34cd/bench.md, by the kernel as it was before the work-item loop that the
+persistent grid needs; python -m kernels --bench measures the kernel as it is):
   the page-id load feeds the K load's address, so that chain costs the software pipeliner stages.
   num_stages <= 4 leaves every async_wait at num=0 (the copy is async, but each tile waits for its
   own: latency is hidden by other CTAs on the SM, not inside one); 7 keeps two tiles in flight
   behind the dot. bf16: 64-entry tiles, 7 stages, 83 KB smem -> 2 CTAs/SM. fp8: 128-entry tiles
-  (two pages, 16 KiB), 3 stages, 42 KB smem -> 5 CTAs/SM.
+  (two pages, 16 KiB), 3 stages, 42 KB smem and 113 registers -> 4 CTAs/SM (compile_sm90.md).
 The sm_100 entries come from the compiled resource usage (outputs/bench/compile_sm100.md lists
 every candidate on sm_100a; compiled, never run): keep sm_90's entry where on sm_100a it compiles
 with tcgen05.mma, no spills and as many CTAs per SM as on sm_90a (bf16: 2); otherwise take the

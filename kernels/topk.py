@@ -1,7 +1,7 @@
 """Top-k entry indices of the indexer logits: which cached entries the sparse attention reads.
 
     topk_indices(logits, k)                       torch.topk, then the contract below
-    topk_indices_triton(logits, k, lengths=None)  one Triton program per row: a radix select
+    topk_indices_triton(logits, k, lengths=None)  two Triton kernels: a bound, then a radix select
 
 The contract (both): int32 [bs, k], the indices of the k largest logits of each row, -1 where the
 value is -inf, sorted ascending with the -1s last, so graph and eager results compare as sets.
@@ -297,8 +297,9 @@ def _sub_chunks(width, k, target):
 
 
 def plan_topk(logits, k, lengths=None, out=None, config=None):
-    """The two launches (sub-chunk maxima, then select) for these arguments. Allocates, on the
-    current stream: out when None, and small workspaces (maxima, live sub-chunks, candidates)."""
+    """The two launches (sub-chunk maxima, then select) for these arguments. Allocates on the
+    current stream (inside a capture: from the graph's pool, as torch.topk's own temporaries):
+    out when None, and workspaces, int32 [bs, NUM_MAX] twice and [bs, width] for candidates."""
     _check_triton_args(logits, k, lengths, out)
     cfg = dict(TOPK_CONFIG, **(config or {}))
     A.need(32 % cfg["radix_bits"] == 0, f"radix_bits must divide 32, got {cfg['radix_bits']}")
