@@ -270,8 +270,9 @@ def _topk_kernel(
 # ---------------------------------------------------------------------------
 
 # Never timed on a GPU yet: the bench (python -m kernels --bench) times it against torch.topk and
-# the sweep tries the alternatives. 4096 entries x 8 warps spilled in the one-kernel draft
-# (tests/test_kernel_compile.py checks every config for spills); 16 warps did not.
+# the sweep tries the alternatives. The select kernel spills at 4096 entries x 4 warps (a 48-byte
+# stack on sm_90a; tests/test_kernel_compile.py fails any config that spills), not at 8 (203
+# registers) or 16 warps (108): 16 keeps registers free for the loads in flight.
 TOPK_CONFIG = dict(block=4096, num_warps=16, radix_bits=8, bound_bits=2, maxima=4096, maxima_warps=4)
 
 
