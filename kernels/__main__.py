@@ -18,7 +18,7 @@ import sys
 
 import torch
 
-from kernels import checksum, differential, logits, logits_bench, topk
+from kernels import checksum, differential, logits, logits_bench, logits_check, topk
 from kernels.harness import copy_row, median_us, meta, write_atomic, write_table
 from kernels.launch import arch_of
 from kernels.logits_configs import config_for
@@ -47,10 +47,10 @@ LOGITS_VARIANTS = [
 def check_all():
     """Every kernel against its reference (raises on the first failure); the results by name."""
     results = {}
-    for i, c in enumerate(logits.CHECK_CASES):
-        results[f"logits_{i}"] = dict(case=c, errors=logits.check(**c))
+    for i, c in enumerate(logits_check.CHECK_CASES):
+        results[f"logits_{i}"] = dict(case=c, errors=logits_check.check(**c))
     for i, cfg in enumerate(LOGITS_VARIANTS):
-        results[f"logits_variant_{i}"] = dict(config=cfg, errors=logits.check(bs=7, config=cfg))
+        results[f"logits_variant_{i}"] = dict(config=cfg, errors=logits_check.check(bs=7, config=cfg))
     results["topk"] = topk.check()
     results["checksum"] = checksum.check()
     results["differential"] = differential.check()

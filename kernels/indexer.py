@@ -7,13 +7,12 @@ topk_indices: same arguments, same result up to ties at the k-th value (lowest i
 from kernels.logits import (
     BF16_CONFIG,
     FP8_CONFIG,
-    check,
     indexer_logits_bf16_,
     indexer_logits_fp8_,
-    make_inputs,
     ref_logits_bf16,
     ref_logits_fp8,
 )
+from kernels.logits_check import check, make_inputs
 from kernels.ops import indexer_logits_bf16, indexer_logits_fp8, topk_indices_op
 from kernels.paged import (
     DIM,

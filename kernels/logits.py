@@ -14,10 +14,10 @@ Layout of this file, top to bottom:
   1. torch references
   2. Triton kernel
   3. launchers (no allocation: they run inside CUDA graph capture)
-  4. check()
 
-Its benchmark and launch-config sweep are in kernels.logits_bench, its configs in
-kernels.logits_configs, the torch custom ops the model calls (csi::indexer_logits_*) in kernels.ops.
+Its check is in kernels.logits_check, its benchmark and launch-config sweep in kernels.logits_bench,
+its configs in kernels.logits_configs, the custom ops the model calls (csi::indexer_logits_*) in
+kernels.ops.
 
 Run `python -m kernels --check` or `--bench [--out DIR]` on a GPU.
 """
@@ -31,12 +31,10 @@ from kernels import args as A
 from kernels.launch import Launch, arch_of, num_sms, run
 from kernels.logits_configs import CONFIGS, K_LOADS, as_config, config_for
 from kernels.paged import (
-    FP8_MAX,
     MAX_HEADS,
     PAGE,
     SUPPORTED_DIMS,
     fp8_page_bytes,
-    quantize_fp8_pages,
 )
 
 # ---------------------------------------------------------------------------
@@ -95,6 +93,87 @@ def ref_logits_fp8(q, w, pages, page_table, seq_lens, max_len, compute_dtype=tor
 
 
 @triton.jit
+def _work_item(
+    b,
+    chunk,
+    q_ptr,
+    w_ptr,
+    k_ptr,
+    k_desc,
+    scale_ptr,
+    pt_ptr,
+    seq_lens_ptr,
+    out_ptr,
+    H,
+    max_len,
+    n_chunks,
+    tiles_per_prog,
+    stride_qb,
+    stride_qh,
+    stride_wb,
+    stride_ptb,
+    stride_ob,
+    D: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    IS_FP8: tl.constexpr,
+    FP32_IEEE: tl.constexpr,
+    K_LOAD: tl.constexpr,
+):
+    """One work item: request b (int64), tiles_per_prog tiles of its context from chunk's."""
+    PAGE_: tl.constexpr = 64
+    # k_ptr is the fp8 byte view or the bf16 cache; one page is PAGE_STRIDE elements, PAGE_ROWS
+    # rows of the descriptor's [rows, D] view (fp8: 64 value rows, then 256 / D rows of scales)
+    PAGE_STRIDE: tl.constexpr = PAGE_ * D + PAGE_ * 4 if IS_FP8 else PAGE_ * D
+    PAGE_ROWS: tl.constexpr = PAGE_STRIDE // D
+    offs_h = tl.arange(0, BLOCK_H)
+    offs_d = tl.arange(0, D)
+    offs_t = tl.arange(0, BLOCK_T)
+    h_ok = offs_h < H
+    t_begin = chunk * (BLOCK_T * tiles_per_prog)
+    seq_len = tl.minimum(tl.maximum(tl.load(seq_lens_ptr + b), 0), max_len)
+    live_pages = (seq_len + PAGE_ - 1) // PAGE_
+    # tiles holding at least one live entry; the rest are -inf without touching K
+    n_live = tl.minimum((tl.maximum(seq_len - t_begin, 0) + BLOCK_T - 1) // BLOCK_T, tiles_per_prog)
+    # q[b] once per work item: [BLOCK_H, D] -> the B operand [D, BLOCK_H]
+    q_rows = q_ptr + b * stride_qb + offs_h[:, None] * stride_qh + offs_d[None, :]
+    q_t = tl.trans(tl.load(q_rows, mask=h_ok[:, None], other=0.0))
+    w = tl.load(w_ptr + b * stride_wb + offs_h, mask=h_ok, other=0.0)
+
+    for i in range(0, n_live):
+        t0 = t_begin + i * BLOCK_T
+        t = t0 + offs_t
+        page_ok = t // PAGE_ < live_pages  # never follow page ids past seq_len
+        page = tl.load(pt_ptr + b * stride_ptb + t // PAGE_, mask=page_ok, other=0).to(tl.int64)
+        # [BLOCK_T, D] tile, D contiguous: the K-major A operand (what fp8 wgmma needs)
+        if K_LOAD == 1:  # the tile is one page: one TMA box
+            k = k_desc.load([(tl.load(pt_ptr + b * stride_ptb + t0 // PAGE_) * PAGE_ROWS).to(tl.int32), 0])
+        elif K_LOAD == 2:  # any rows: TMA gather (sm_100)
+            k = k_desc.gather((page * PAGE_ROWS + t % PAGE_).to(tl.int32), 0)
+        else:
+            row = page * PAGE_STRIDE + (t % PAGE_) * D
+            k = tl.load(k_ptr + row[:, None] + offs_d[None, :], mask=page_ok[:, None], other=0.0)
+        # tokens as M, heads as N: the head sum stays inside a warp (no smem reduction)
+        if FP32_IEEE:
+            s = tl.dot(k, q_t, input_precision="ieee")
+        else:
+            s = tl.dot(k, q_t)  # [BLOCK_T, BLOCK_H], fp32 accumulate
+        logit = tl.sum(tl.maximum(s, 0.0) * w[None, :], axis=1)
+        if IS_FP8:
+            # the per-entry scales once per tile, after the head sum: relu(x * s) == relu(x) * s
+            # for s > 0. As float32, page p's scales start at p * PAGE_STRIDE/4 + PAGE*D/4
+            scale_row = scale_ptr + page * (PAGE_STRIDE // 4) + (PAGE_ * D // 4)
+            logit = logit * tl.load(scale_row + t % PAGE_, mask=page_ok, other=0.0)
+        logit = tl.where(t < seq_len, logit, float("-inf"))
+        tl.store(out_ptr + b * stride_ob + t, logit, mask=t < max_len)
+
+    neg_inf = tl.full([BLOCK_T], float("-inf"), tl.float32)
+    for i in range(n_live, tiles_per_prog):
+        t = t_begin + i * BLOCK_T + offs_t
+        tl.store(out_ptr + b * stride_ob + t, neg_inf, mask=t < max_len)
+
+
+@triton.jit
 def _indexer_logits_kernel(
     q_ptr,
     w_ptr,
@@ -120,68 +199,75 @@ def _indexer_logits_kernel(
     IS_FP8: tl.constexpr,
     FP32_IEEE: tl.constexpr,  # fp32 operands (test path): exact dot, not tf32
     K_LOAD: tl.constexpr,  # 0 pointers, 1 one TMA tile per page, 2 TMA gather of rows
+    PERSISTENT: tl.constexpr,  # walk items pid, pid + programs, ...; else the item (pid0, pid1)
 ):
-    PAGE_: tl.constexpr = 64
-    # k_ptr is the fp8 byte view or the bf16 cache; one page is PAGE_STRIDE elements, PAGE_ROWS
-    # rows of the descriptor's [rows, D] view (fp8: 64 value rows, then 256 / D rows of scales)
-    PAGE_STRIDE: tl.constexpr = PAGE_ * D + PAGE_ * 4 if IS_FP8 else PAGE_ * D
-    PAGE_ROWS: tl.constexpr = PAGE_STRIDE // D
-    offs_h = tl.arange(0, BLOCK_H)
-    offs_d = tl.arange(0, D)
-    offs_t = tl.arange(0, BLOCK_T)
-    h_ok = offs_h < H
-    # work item = (request b, chunk of tiles_per_prog tiles); a persistent grid walks many
-    for work in range(tl.program_id(0), bs * n_chunks, tl.num_programs(0)):
-        b = (work // n_chunks).to(tl.int64)
-        t_begin = (work % n_chunks) * (BLOCK_T * tiles_per_prog)
-        seq_len = tl.minimum(tl.maximum(tl.load(seq_lens_ptr + b), 0), max_len)
-        live_pages = (seq_len + PAGE_ - 1) // PAGE_
-        # tiles holding at least one live entry; the rest are -inf without touching K
-        n_live = tl.minimum((tl.maximum(seq_len - t_begin, 0) + BLOCK_T - 1) // BLOCK_T, tiles_per_prog)
-        # q[b] once per work item: [BLOCK_H, D] -> the B operand [D, BLOCK_H]
-        q_rows = q_ptr + b * stride_qb + offs_h[:, None] * stride_qh + offs_d[None, :]
-        q_t = tl.trans(tl.load(q_rows, mask=h_ok[:, None], other=0.0))
-        w = tl.load(w_ptr + b * stride_wb + offs_h, mask=h_ok, other=0.0)
-
-        for i in range(0, n_live):
-            t0 = t_begin + i * BLOCK_T
-            t = t0 + offs_t
-            page_ok = t // PAGE_ < live_pages  # never follow page ids past seq_len
-            page = tl.load(pt_ptr + b * stride_ptb + t // PAGE_, mask=page_ok, other=0).to(tl.int64)
-            # [BLOCK_T, D] tile, D contiguous: the K-major A operand (what fp8 wgmma needs)
-            if K_LOAD == 1:  # the tile is one page: one TMA box
-                k = k_desc.load(
-                    [(tl.load(pt_ptr + b * stride_ptb + t0 // PAGE_) * PAGE_ROWS).to(tl.int32), 0]
-                )
-            elif K_LOAD == 2:  # any rows: TMA gather (sm_100)
-                k = k_desc.gather((page * PAGE_ROWS + t % PAGE_).to(tl.int32), 0)
-            else:
-                row = page * PAGE_STRIDE + (t % PAGE_) * D
-                k = tl.load(k_ptr + row[:, None] + offs_d[None, :], mask=page_ok[:, None], other=0.0)
-            # tokens as M, heads as N: the head sum stays inside a warp (no smem reduction)
-            if FP32_IEEE:
-                s = tl.dot(k, q_t, input_precision="ieee")
-            else:
-                s = tl.dot(k, q_t)  # [BLOCK_T, BLOCK_H], fp32 accumulate
-            logit = tl.sum(tl.maximum(s, 0.0) * w[None, :], axis=1)
-            if IS_FP8:
-                # the per-entry scales once per tile, after the head sum: relu(x * s) == relu(x) * s
-                # for s > 0. As float32, page p's scales start at p * PAGE_STRIDE/4 + PAGE*D/4
-                scale_row = scale_ptr + page * (PAGE_STRIDE // 4) + (PAGE_ * D // 4)
-                logit = logit * tl.load(scale_row + t % PAGE_, mask=page_ok, other=0.0)
-            logit = tl.where(t < seq_len, logit, float("-inf"))
-            tl.store(out_ptr + b * stride_ob + t, logit, mask=t < max_len)
-
-        neg_inf = tl.full([BLOCK_T], float("-inf"), tl.float32)
-        for i in range(n_live, tiles_per_prog):
-            t = t_begin + i * BLOCK_T + offs_t
-            tl.store(out_ptr + b * stride_ob + t, neg_inf, mask=t < max_len)
+    # work item = (request b, chunk of tiles_per_prog tiles). Without PERSISTENT no loop around
+    # the item, whose indices come from a 2-D grid: the loop and the 1-D work index cost registers
+    # (fp8 on sm_90a: 96 -> 109, 5 -> 4 CTAs per SM)
+    if PERSISTENT:
+        for work in range(tl.program_id(0), bs * n_chunks, tl.num_programs(0)):
+            _work_item(
+                (work // n_chunks).to(tl.int64),
+                work % n_chunks,
+                q_ptr,
+                w_ptr,
+                k_ptr,
+                k_desc,
+                scale_ptr,
+                pt_ptr,
+                seq_lens_ptr,
+                out_ptr,
+                H,
+                max_len,
+                n_chunks,
+                tiles_per_prog,
+                stride_qb,
+                stride_qh,
+                stride_wb,
+                stride_ptb,
+                stride_ob,
+                D,
+                BLOCK_H,
+                BLOCK_T,
+                IS_FP8,
+                FP32_IEEE,
+                K_LOAD,
+            )
+    else:  # grid (bs, n_chunks)
+        _work_item(
+            tl.program_id(0).to(tl.int64),
+            tl.program_id(1),
+            q_ptr,
+            w_ptr,
+            k_ptr,
+            k_desc,
+            scale_ptr,
+            pt_ptr,
+            seq_lens_ptr,
+            out_ptr,
+            H,
+            max_len,
+            n_chunks,
+            tiles_per_prog,
+            stride_qb,
+            stride_qh,
+            stride_wb,
+            stride_ptb,
+            stride_ob,
+            D,
+            BLOCK_H,
+            BLOCK_T,
+            IS_FP8,
+            FP32_IEEE,
+            K_LOAD,
+        )
 
 
 # ---------------------------------------------------------------------------
 # 3. Launchers (configs: kernels.logits_configs)
 # ---------------------------------------------------------------------------
 
+BENCH_SHAPE = dict(bs=32, ctx=65536, heads=64, dim=128)  # the issue's shape: one decode step
 _BF16_KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)  # fp16/fp32: test path
 BF16_CONFIG = CONFIGS["bf16", 9]._asdict()  # the H200's, as the benchmark records them
 FP8_CONFIG = CONFIGS["fp8", 9]._asdict()
@@ -236,9 +322,9 @@ def plan(q, w, k, scales, page_table, seq_lens, out, cfg, is_fp8, arch):
         rows = k.view(-1, d)
         box = [PAGE if cfg.k_load == "tma" else 1, d]
         desc = TensorDescriptor(rows, list(rows.shape), list(rows.stride()), box)
-    grid = bs * n_chunks
+    grid = (bs, n_chunks)
     if cfg.persistent:
-        grid = min(grid, cfg.persistent * num_sms(q.device))
+        grid = (min(bs * n_chunks, cfg.persistent * num_sms(q.device)),)
     args = dict(
         q_ptr=q,
         w_ptr=w,
@@ -264,9 +350,10 @@ def plan(q, w, k, scales, page_table, seq_lens, out, cfg, is_fp8, arch):
         IS_FP8=is_fp8,
         FP32_IEEE=q.dtype == torch.float32,
         K_LOAD=K_LOADS.index(cfg.k_load),
+        PERSISTENT=bool(cfg.persistent),
     )
     options = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    return Launch(_indexer_logits_kernel, (grid,), args, options)
+    return Launch(_indexer_logits_kernel, grid, args, options)
 
 
 def _config(config, kind, q, arch):
@@ -347,122 +434,3 @@ def compile_cases(arch, config=None):
                 Case(f"logits_{kind}{tag}", launch, tensor_core=True, tma=bool(tag), overlap=overlap)
             )
     return cases
-
-
-# ---------------------------------------------------------------------------
-# 4. check(): kernels vs a float64 reference
-# ---------------------------------------------------------------------------
-
-# Products of bf16 / e4m3 operands are exact in fp32, so the kernel differs from a
-# float64 reference only by fp32 accumulation (~1e-6). fp8 wgmma accumulates with a
-# reduced-precision adder on Hopper (~2^-13 relative), hence the looser fp8 bound.
-TOL = {"bf16": 1e-3, "fp8": 2e-3}
-# The torch references round scores to bf16 (~2^-9 each): reported, with a looser bound.
-TOL_TORCH_REF = 1e-2
-
-
-def make_inputs(bs, seq_lens, heads, dim, max_len, device, seed=0, garbage_pages=True):
-    """Random inputs; page ids past each seq_len are out of range so a stray read faults."""
-    g = torch.Generator(device="cpu").manual_seed(seed)
-    seq_lens = torch.as_tensor(seq_lens, dtype=torch.int32)
-    max_pages = max_len // PAGE + 1  # a spare column: max_len < max_pages * PAGE is legal
-    live = min(triton.cdiv(int(seq_lens.max()), PAGE), max_pages)
-    num_pages = bs * live + 3
-    page_table = torch.randint(0, num_pages, (bs, max_pages), generator=g, dtype=torch.int32)
-    page_table[:, :live] = torch.randperm(num_pages, generator=g)[: bs * live].view(bs, live).int()
-    if garbage_pages:
-        dead = torch.arange(max_pages)[None, :] * PAGE >= seq_lens[:, None]
-        page_table[dead] = num_pages + 1_000_000
-    q = torch.randn(bs, heads, dim, generator=g)
-    w = torch.randn(bs, heads, generator=g)
-    k = torch.randn(num_pages, PAGE, dim, generator=g)
-    to = dict(device=device)
-    return dict(
-        q=q.to(**to),
-        w=w.to(**to),
-        k=k.to(**to),
-        page_table=page_table.to(**to),
-        seq_lens=seq_lens.to(**to),
-        max_len=max_len,
-    )
-
-
-def _compare(out, ref, name):
-    if torch.isnan(out).any():
-        raise AssertionError(f"{name}: {int(torch.isnan(out).sum())} NaN in out (unwritten or bad math)")
-    ninf_out, ninf_ref = torch.isneginf(out), torch.isneginf(ref)
-    if not torch.equal(ninf_out, ninf_ref):
-        raise AssertionError(f"{name}: -inf mask differs at {int((ninf_out != ninf_ref).sum())} positions")
-    fin = ~ninf_ref
-    o, r = out[fin].double(), ref[fin].double()
-    return float((o - r).norm() / r.norm().clamp_min(1e-30))
-
-
-# --check: random seq_lens (one of 7, max_len 2 pages wider than needed), page edges, smaller
-# heads/dims, and max_len far past every seq_len
-BENCH_SHAPE = dict(bs=32, ctx=65536, heads=64, dim=128)  # the issue's shape: one decode step
-
-CHECK_CASES = [
-    dict(bs=5),
-    dict(bs=3, seq_lens=[1, 64, 65], heads=64),
-    dict(bs=7, seq_lens=[4097, 33, 130, 1000, 64 * 40, 5, 2000], heads=32, dim=64),
-    dict(bs=2, seq_lens=[200, 17], heads=8, dim=128, max_len=1024),
-]
-
-
-def check(
-    device="cuda",
-    bs=5,
-    seq_lens=None,
-    heads=64,
-    dim=128,
-    max_len=None,
-    dtypes=("bf16", "fp8"),
-    seed=0,
-    tol=None,
-    fp32_operands=False,
-    config=None,
-):
-    """Run the kernels on random inputs, compare to a float64 reference; return errors.
-
-    fp32_operands: feed the "bf16" kernel fp32 copies (the CPU-interpreter test path).
-    config: a launch config (LogitsConfig or dict) for both kernels instead of the table's.
-    """
-    tol = dict(TOL, **(tol or {}))
-    if seq_lens is None:
-        gen = torch.Generator().manual_seed(seed)
-        seq_lens = torch.randint(1, 5 * PAGE, (bs,), generator=gen)
-        seq_lens[0] = 7  # shorter than one page
-    seq_lens = torch.as_tensor(seq_lens, dtype=torch.int32)
-    if max_len is None:
-        max_len = (triton.cdiv(int(seq_lens.max()), PAGE) + 2) * PAGE  # wider than needed
-    x = make_inputs(bs, seq_lens, heads, dim, max_len, device, seed)
-    q, w, pt, sl = x["q"], x["w"], x["page_table"], x["seq_lens"]
-    errors = {}
-    if "bf16" in dtypes:
-        kdt = torch.float32 if fp32_operands else torch.bfloat16
-        # round through bf16 so both the test and the production path see bf16 values
-        qb, kb = q.bfloat16().to(kdt), x["k"].bfloat16().to(kdt)
-        out = torch.full((bs, max_len), float("nan"), device=device)
-        indexer_logits_bf16_(qb, w, kb, pt, sl, out, config=config)
-        ref = ref_logits_bf16(qb.double(), w.double(), kb.double(), pt, sl, max_len)
-        errors["bf16"] = _compare(out, ref, "bf16")
-        errors["torch_ref_bf16"] = _compare(
-            ref_logits_bf16(qb.to(torch.bfloat16), w, kb.to(torch.bfloat16), pt, sl, max_len),
-            ref,
-            "torch_ref_bf16",
-        )
-    if "fp8" in dtypes:
-        pages = quantize_fp8_pages(x["k"])
-        q8 = (q * 8).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
-        out = torch.full((bs, max_len), float("nan"), device=device)
-        indexer_logits_fp8_(q8, w, pages, pt, sl, out, config=config)
-        ref = ref_logits_fp8(q8, w, pages, pt, sl, max_len, compute_dtype=torch.float64)
-        errors["fp8"] = _compare(out, ref, "fp8")
-        errors["torch_ref_fp8"] = _compare(
-            ref_logits_fp8(q8, w, pages, pt, sl, max_len), ref, "torch_ref_fp8"
-        )
-    bad = {k: v for k, v in errors.items() if v > tol.get(k, TOL_TORCH_REF)}
-    if bad:
-        raise AssertionError(f"relative error beyond tolerance {tol}: {bad} (all: {errors})")
-    return errors
