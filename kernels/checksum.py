@@ -16,7 +16,7 @@ import triton.language as tl
 
 from kernels import args as A
 from kernels.harness import median_us
-from kernels.launch import Launch, run
+from kernels.launch import Case, Launch, run
 
 # ---------------------------------------------------------------------------
 # 1. Torch reference
@@ -103,7 +103,6 @@ def page_checksums(cache, page_ids):
 
 
 def compile_cases(arch):
-    from kernels.compile_check import Case
 
     ids, out = torch.zeros(512, dtype=torch.int32), torch.empty(512, dtype=torch.int64)
     return [

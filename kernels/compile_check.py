@@ -22,7 +22,6 @@ import os
 import re
 import subprocess
 import tempfile
-from typing import NamedTuple
 
 import triton
 
@@ -33,16 +32,6 @@ TENSOR_CORE_OP = {90: "wgmma.mma_async", 100: "tcgen05.mma"}
 # opt-in dynamic shared memory per block (CUDA programming guide, compute capabilities table)
 SHARED_LIMIT = {90: 227 * 1024, 100: 227 * 1024}
 TMA_OP = "cp.async.bulk.tensor"
-
-
-class Case(NamedTuple):
-    """One kernel launch to compile: what a launcher would run on arch, and what it should get."""
-
-    name: str
-    launch: object  # kernels.launch.Launch
-    tensor_core: bool  # has a tl.dot that must land on the tensor cores
-    tma: bool  # loads through a tensor descriptor
-    overlap: bool | None = None  # pipelined loads overlap the dot inside a CTA (None: no claim)
 
 
 def cases(arch):

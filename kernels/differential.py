@@ -22,7 +22,7 @@ import triton.language as tl
 
 from kernels import args as A
 from kernels.harness import median_us
-from kernels.launch import Launch, run
+from kernels.launch import Case, Launch, run
 from kernels.topk import _order_key, _selected, _threshold, order_keys, ref_topk_indices
 
 
@@ -181,7 +181,6 @@ def differential(graph, eager, k, out=None, *, config=None):
 
 
 def compile_cases(arch):
-    from kernels.compile_check import Case
 
     g = torch.empty(64, 65536)
     return [Case("differential", plan_differential(g, g, 512)[0], tensor_core=False, tma=False)]

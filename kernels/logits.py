@@ -28,7 +28,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from kernels import args as A
-from kernels.launch import Launch, arch_of, num_sms, run
+from kernels.launch import Case, Launch, arch_of, num_sms, run
 from kernels.logits_configs import CONFIGS, K_LOADS, as_config, config_for
 from kernels.paged import (
     MAX_HEADS,
@@ -410,7 +410,6 @@ def compile_cases(arch, config=None):
     """The launches the table gives arch at the benchmark's shape (or config's, if given), and the
     descriptor paths (TMA tiles; TMA gather on sm_100), for kernels.compile_check. CPU tensors:
     only their dtypes and alignment reach the compiler, so the cache can be tiny."""
-    from kernels.compile_check import Case  # the compile check imports this module
 
     bs, h, d, max_len = (BENCH_SHAPE[n] for n in ("bs", "heads", "dim", "ctx"))
     q, w = torch.zeros(bs, h, d, dtype=torch.bfloat16), torch.zeros(bs, h)

@@ -36,7 +36,7 @@ import triton.language as tl
 
 from kernels import args as A
 from kernels.harness import median_us
-from kernels.launch import Launch, run
+from kernels.launch import Case, Launch, run
 
 # ---------------------------------------------------------------------------
 # 1. Torch references
@@ -356,7 +356,6 @@ def topk_indices_triton(logits, k, lengths=None, out=None, *, config=None):
 
 def compile_cases(arch):
     """The launches for kernels.compile_check: the model's shape, with and without lengths."""
-    from kernels.compile_check import Case
 
     x, lens = torch.empty(32, 65536), torch.zeros(32, dtype=torch.int32)
     cases = []
