@@ -1,33 +1,117 @@
-"""python -m kernels --check | --bench | --sweep [--out DIR]: every kernel against its reference,
-timed against torch and a device-to-device copy, and the logits kernel's launch-config sweep."""
+"""python -m kernels --check | --bench | --sweep [--out DIR] (on a CUDA GPU)
+
+  --check   every kernel against its reference (logits with the table's configs and the TMA and
+            persistent variants, top-k, page checksums, differential); check.json in DIR
+  --bench   one table for every kernel: time, fraction of the copy bandwidth measured in the same
+            run, speedup over its torch path; bench.{json,md} in DIR with commit, device, versions
+  --sweep   the logits kernel's launch configs (kernels.logits_bench.sweep) and the top-k's;
+            sweep.{json,md} in DIR, with the CONFIGS lines that would adopt the winners
+
+One command for the committed tables, on the H200 (about 3 minutes):
+  python -m kernels --check --sweep --bench --out outputs/bench
+"""
 
 import argparse
+import json
+import os
+import sys
 
-from kernels import logits, sweep
-from kernels.harness import meta, write_table
+import torch
+
+from kernels import checksum, differential, logits, logits_bench, logits_check, topk
+from kernels.harness import copy_row, median_us, meta, write_atomic, write_table
+from kernels.launch import arch_of
+from kernels.logits_configs import config_for
 
 BENCH_COLS = ["name", "us", "bytes", "gbps", "frac_copy_bw", "speedup_vs_torch"]
-SWEEP_COLS = ["kind", "block_t", "tiles_per_prog", "num_warps", "num_stages", "us"]
+SWEEP_COLS = ["kind", "block_t", "tiles_per_prog", "num_warps", "num_stages", "k_load", "persistent"]
+SWEEP_COLS += ["ok", "us", "gbps", "vs_default", "default", "best"]
+TOPK_SWEEP_COLS = ["block", "num_warps", "maxima", "radix_bits", "ok", "us"]
+TOPK_SWEEP = [
+    dict(block=4096, num_warps=16),
+    dict(block=2048, num_warps=8),
+    dict(block=8192, num_warps=16),
+    dict(block=4096, num_warps=16, maxima=1024),
+    dict(block=4096, num_warps=16, radix_bits=4),
+    dict(block=4096, num_warps=32),
+]
+
+
+# the load paths and grids the sweep times, checked for correctness first
+LOGITS_VARIANTS = [
+    dict(block_t=64, tiles_per_prog=8, num_warps=4, num_stages=5, k_load="tma"),
+    dict(block_t=128, tiles_per_prog=4, num_warps=4, num_stages=3, persistent=2),
+]
+
+
+def check_all():
+    """Every kernel against its reference (raises on the first failure); the results by name."""
+    results = {}
+    for i, c in enumerate(logits_check.CHECK_CASES):
+        results[f"logits_{i}"] = dict(case=c, errors=logits_check.check(**c))
+    for i, cfg in enumerate(LOGITS_VARIANTS):
+        results[f"logits_variant_{i}"] = dict(config=cfg, errors=logits_check.check(bs=7, config=cfg))
+    results["topk"] = topk.check()
+    results["checksum"] = checksum.check()
+    results["differential"] = differential.check()
+    for name, r in results.items():
+        print(name, r, flush=True)
+    return results
+
+
+def bench_all():
+    """Every kernel's rows after the copy row; fractions of the copy's bandwidth filled in."""
+    rows = [copy_row()]
+    for module in (logits_bench, topk, checksum, differential):
+        rows += module.benchmark()
+    copy_gbps = rows[0]["gbps"]
+    for r in rows:
+        r.setdefault("gbps", r["bytes"] / r["us"] * 1e-3)
+        r["frac_copy_bw"] = r["gbps"] / copy_gbps
+    return rows
+
+
+def sweep_topk(bs=32, width=65536, k=512):
+    x = torch.randn(bs, width, device="cuda")
+    out = torch.empty(bs, k, dtype=torch.int32, device="cuda")
+    want = topk.ref_topk_indices(x, k)
+    rows = []
+    for cfg in TOPK_SWEEP:
+        got = topk.topk_indices_triton(x, k, out=out, config=cfg)
+        us = median_us(lambda cfg=cfg: topk.topk_indices_triton(x, k, out=out, config=cfg), rep_ms=40)
+        rows.append(dict(kind="topk", **cfg, ok=bool(torch.equal(got, want)), us=us))
+    return rows
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m kernels", description=__doc__.splitlines()[0])
-    p.add_argument("--check", action="store_true", help="compare kernels with their references")
-    p.add_argument("--bench", action="store_true", help="time kernels vs torch and a D2D copy")
-    p.add_argument("--sweep", action="store_true", help="time the logits kernel's launch configs")
+    p.add_argument("--check", action="store_true", help="compare every kernel with its reference")
+    p.add_argument("--bench", action="store_true", help="time every kernel vs torch and a D2D copy")
+    p.add_argument("--sweep", action="store_true", help="time the launch configs")
     p.add_argument("--out", default=None, help="folder for bench.{json,md} and sweep.{json,md}")
     a = p.parse_args(argv)
     if not (a.check or a.bench or a.sweep):
         p.error("nothing to do: pass --check, --bench and/or --sweep")
+    if a.out:
+        os.makedirs(a.out, exist_ok=True)  # a bad --out fails here, before minutes of work
+    if not torch.cuda.is_available():
+        sys.exit("python -m kernels: needs a CUDA GPU (the tests run the kernels on a CPU, interpreted)")
     if a.check:
-        for c in logits.CHECK_CASES:
-            print(c, logits.check(**c))
+        results = check_all()
+        if a.out:
+            text = json.dumps(dict(meta=meta(), results=results), indent=2, default=str)
+            write_atomic(os.path.join(a.out, "check.json"), text)
     if a.sweep:
-        info = meta(shape=logits.BENCH_SHAPE)
-        print(write_table(a.out, "sweep", info, sweep.sweep(), SWEEP_COLS))
+        rows = logits_bench.sweep()
+        info = meta(shape=logits.BENCH_SHAPE, adopt=logits_bench.adopt_lines(rows))
+        print(write_table(a.out, "sweep", info, rows, SWEEP_COLS))
+        info = meta(shape=dict(bs=32, width=65536, k=512), default=topk.TOPK_CONFIG)
+        print(write_table(a.out, "sweep_topk", info, sweep_topk(), TOPK_SWEEP_COLS))
     if a.bench:
-        info = meta(shape=logits.BENCH_SHAPE, bf16_config=logits.BF16_CONFIG, fp8_config=logits.FP8_CONFIG)
-        print(write_table(a.out, "bench", info, logits.benchmark(), BENCH_COLS))
+        arch = arch_of(torch.device("cuda"))
+        configs = {f"logits_{k}": config_for(k, arch, 64, 128)._asdict() for k in ("bf16", "fp8")}
+        info = meta(shape=logits.BENCH_SHAPE, configs=dict(configs, topk=topk.TOPK_CONFIG))
+        print(write_table(a.out, "bench", info, bench_all(), BENCH_COLS))
 
 
 if __name__ == "__main__":

@@ -22,7 +22,6 @@ import os
 import re
 import subprocess
 import tempfile
-from typing import NamedTuple
 
 import triton
 
@@ -35,21 +34,12 @@ SHARED_LIMIT = {90: 227 * 1024, 100: 227 * 1024}
 TMA_OP = "cp.async.bulk.tensor"
 
 
-class Case(NamedTuple):
-    """One kernel launch to compile: what a launcher would run on arch, and what it should get."""
-
-    name: str
-    launch: object  # kernels.launch.Launch
-    tensor_core: bool  # has a tl.dot that must land on the tensor cores
-    tma: bool  # loads through a tensor descriptor
-    overlap: bool | None = None  # pipelined loads overlap the dot inside a CTA (None: no claim)
-
-
 def cases(arch):
     """Every kernel's launches for arch, from the launchers themselves (their compile_cases)."""
-    from kernels import logits
+    from kernels import checksum, differential, logits, topk
 
-    return logits.compile_cases(arch)
+    modules = (logits, topk, checksum, differential)
+    return [case for m in modules for case in m.compile_cases(arch)]
 
 
 def _resource_usage(cubin):
@@ -70,6 +60,7 @@ def inspect(case, arch):
     usage = _resource_usage(k.asm["cubin"])
     return dict(
         name=case.name,
+        kernel=case.launch.kernel.__name__,
         arch=arch,
         options=case.launch.options,
         constexprs={p.name: case.launch.args[p.name] for p in case.launch.kernel.params if p.is_constexpr},
@@ -86,17 +77,63 @@ def inspect(case, arch):
         regs=usage.get("REG"),
         shared=k.metadata.shared,
         shared_limit=SHARED_LIMIT[arch],
+        ctas_per_sm=ctas_per_sm(k.metadata.shared, usage.get("REG", 0), case.launch.options["num_warps"]),
         waits=[int(n) for n in re.findall(r"ttg\.async_wait[^{\n]*\{num = (\d+)", ttgir)],
     )
+
+
+def ctas_per_sm(shared, regs, num_warps):
+    """CTAs an SM can hold (about): 228 KB of shared memory, 1 KB of it reserved per CTA, and
+    64K registers (both the same on sm_90 and sm_100)."""
+    return min(228 * 1024 // (shared + 1024), 65536 // (max(regs, 1) * 32 * num_warps))
+
+
+CANDIDATE_COLS = ["kind", "config", "tensor_core", "tma", "regs", "spill_bytes", "shared", "ctas_per_sm"]
+
+
+def candidate_rows(arch):
+    """Every config of the logits sweep's space for arch, compiled: what each would cost on that
+    target (the evidence for the table's entries on an architecture we cannot run)."""
+    from kernels import logits
+    from kernels.logits_configs import candidates
+
+    rows = []
+    for kind in ("bf16", "fp8"):
+        for cfg in candidates(kind, 64, 128, arch):
+            case = next(c for c in logits.compile_cases(arch, cfg) if c.name == f"logits_{kind}")
+            r = inspect(case, arch)
+            rows.append(
+                dict(
+                    kind=kind,
+                    config=" ".join(f"{k}={v}" for k, v in cfg._asdict().items() if k != "min_programs"),
+                    tensor_core=r["tensor_core"],
+                    tma=r["tma"],
+                    regs=r["regs"],
+                    spill_bytes=r["local_bytes"] + r["stack_bytes"] + r["ptx_local"],
+                    shared=r["shared"],
+                    ctas_per_sm=min(
+                        SHARED_LIMIT[arch] // max(r["shared"], 1), 65536 // (r["regs"] * 32 * cfg.num_warps)
+                    ),
+                )
+            )
+    return rows
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m kernels.compile_check", description=__doc__.splitlines()[0])
     p.add_argument("--arch", type=int, nargs="+", default=list(ARCHS), choices=ARCHS)
+    p.add_argument("--candidates", action="store_true", help="compile the logits sweep's configs instead")
+    p.add_argument("--out", default=None, help="with --candidates: folder for compile_sm<arch>.{json,md}")
     a = p.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET") == "1":
         p.error("TRITON_INTERPRET=1 is set: triton.compile fails under it; unset it and rerun")
     for arch in a.arch:
+        if a.candidates:
+            from kernels.harness import meta, write_table
+
+            info = meta(target=f"sm_{arch}a", shape=dict(heads=64, dim=128), note="compiled, not run")
+            print(write_table(a.out, f"compile_sm{arch}", info, candidate_rows(arch), CANDIDATE_COLS))
+            continue
         for case in cases(arch):
             print(json.dumps(inspect(case, arch)), flush=True)
 

@@ -13,9 +13,9 @@ from nblib.core.paths import ROOT
 from nblib.core.results import commit
 
 
-def median_us(fn):
+def median_us(fn, rep_ms=100):
     """Median time of fn in microseconds (triton.testing.do_bench: warm-up, L2 flushed per call)."""
-    return triton.testing.do_bench(fn, return_mode="median") * 1e3
+    return triton.testing.do_bench(fn, rep=rep_ms, return_mode="median") * 1e3
 
 
 def copy_row(nbytes=2 << 30, device="cuda"):

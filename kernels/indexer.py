@@ -1,18 +1,19 @@
 """The indexer's public surface, as the model (nblib.engine.model) and the instruments call it:
 page layouts and writes (kernels.paged), logits (kernels.logits), top-k (kernels.topk).
+To move the model's top-k onto the Triton kernel, call topk_indices_op where it calls
+topk_indices: same arguments, same result up to ties at the k-th value (lowest index wins).
 `python -m kernels.indexer ...` is `python -m kernels ...`."""
 
 from kernels.logits import (
     BF16_CONFIG,
     FP8_CONFIG,
-    check,
     indexer_logits_bf16_,
     indexer_logits_fp8_,
-    make_inputs,
     ref_logits_bf16,
     ref_logits_fp8,
 )
-from kernels.ops import indexer_logits_bf16, indexer_logits_fp8
+from kernels.logits_check import check, make_inputs
+from kernels.ops import indexer_logits_bf16, indexer_logits_fp8, topk_indices_op
 from kernels.paged import (
     DIM,
     FP8_MAX,
@@ -26,7 +27,7 @@ from kernels.paged import (
     write_entries_bf16_,
     write_entries_fp8_,
 )
-from kernels.topk import topk_indices
+from kernels.topk import ref_topk_indices, topk_indices, topk_indices_triton
 
 __all__ = [
     "BF16_CONFIG",
@@ -48,7 +49,10 @@ __all__ = [
     "quantize_fp8_pages",
     "ref_logits_bf16",
     "ref_logits_fp8",
+    "ref_topk_indices",
     "topk_indices",
+    "topk_indices_op",
+    "topk_indices_triton",
     "write_entries_bf16_",
     "write_entries_fp8_",
 ]

@@ -60,3 +60,13 @@ def compile_for(launch, arch):
     return triton.compile(
         ASTSource(fn, signature, constexprs, attrs), target=target, options=options.__dict__
     )
+
+
+class Case(NamedTuple):
+    """One kernel launch to compile: what a launcher would run on arch, and what it should get."""
+
+    name: str
+    launch: object  # kernels.launch.Launch
+    tensor_core: bool  # has a tl.dot that must land on the tensor cores
+    tma: bool  # loads through a tensor descriptor
+    overlap: bool | None = None  # pipelined loads overlap the dot inside a CTA (None: no claim)

@@ -14,31 +14,27 @@ Layout of this file, top to bottom:
   1. torch references
   2. Triton kernel
   3. launchers (no allocation: they run inside CUDA graph capture)
-  4. check()
-  5. benchmark()
 
-The torch custom ops the model calls (csi::indexer_logits_*) are in kernels.ops; the launch-config
-sweep in kernels.sweep.
+Its check is in kernels.logits_check, its benchmark and launch-config sweep in kernels.logits_bench,
+its configs in kernels.logits_configs, the custom ops the model calls (csi::indexer_logits_*) in
+kernels.ops.
 
 Run `python -m kernels --check` or `--bench [--out DIR]` on a GPU.
 """
 
-from typing import NamedTuple
-
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from kernels import args as A
-from kernels.harness import copy_row, median_us
-from kernels.launch import Launch, arch_of, run
+from kernels.launch import Case, Launch, arch_of, num_sms, run
+from kernels.logits_configs import CONFIGS, K_LOADS, as_config, config_for
 from kernels.paged import (
-    FP8_MAX,
     MAX_HEADS,
     PAGE,
     SUPPORTED_DIMS,
     fp8_page_bytes,
-    quantize_fp8_pages,
 )
 
 # ---------------------------------------------------------------------------
@@ -97,16 +93,100 @@ def ref_logits_fp8(q, w, pages, page_table, seq_lens, max_len, compute_dtype=tor
 
 
 @triton.jit
-def _indexer_logits_kernel(
+def _work_item(
+    b,
+    chunk,
     q_ptr,
     w_ptr,
     k_ptr,
+    k_desc,
     scale_ptr,
     pt_ptr,
     seq_lens_ptr,
     out_ptr,
     H,
     max_len,
+    n_chunks,
+    tiles_per_prog,
+    stride_qb,
+    stride_qh,
+    stride_wb,
+    stride_ptb,
+    stride_ob,
+    D: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    IS_FP8: tl.constexpr,
+    FP32_IEEE: tl.constexpr,
+    K_LOAD: tl.constexpr,
+):
+    """One work item: request b (int64), tiles_per_prog tiles of its context from chunk's."""
+    PAGE_: tl.constexpr = 64
+    # k_ptr is the fp8 byte view or the bf16 cache; one page is PAGE_STRIDE elements, PAGE_ROWS
+    # rows of the descriptor's [rows, D] view (fp8: 64 value rows, then 256 / D rows of scales)
+    PAGE_STRIDE: tl.constexpr = PAGE_ * D + PAGE_ * 4 if IS_FP8 else PAGE_ * D
+    PAGE_ROWS: tl.constexpr = PAGE_STRIDE // D
+    offs_h = tl.arange(0, BLOCK_H)
+    offs_d = tl.arange(0, D)
+    offs_t = tl.arange(0, BLOCK_T)
+    h_ok = offs_h < H
+    t_begin = chunk * (BLOCK_T * tiles_per_prog)
+    seq_len = tl.minimum(tl.maximum(tl.load(seq_lens_ptr + b), 0), max_len)
+    live_pages = (seq_len + PAGE_ - 1) // PAGE_
+    # tiles holding at least one live entry; the rest are -inf without touching K
+    n_live = tl.minimum((tl.maximum(seq_len - t_begin, 0) + BLOCK_T - 1) // BLOCK_T, tiles_per_prog)
+    # q[b] once per work item: [BLOCK_H, D] -> the B operand [D, BLOCK_H]
+    q_rows = q_ptr + b * stride_qb + offs_h[:, None] * stride_qh + offs_d[None, :]
+    q_t = tl.trans(tl.load(q_rows, mask=h_ok[:, None], other=0.0))
+    w = tl.load(w_ptr + b * stride_wb + offs_h, mask=h_ok, other=0.0)
+
+    for i in range(0, n_live):
+        t0 = t_begin + i * BLOCK_T
+        t = t0 + offs_t
+        page_ok = t // PAGE_ < live_pages  # never follow page ids past seq_len
+        page = tl.load(pt_ptr + b * stride_ptb + t // PAGE_, mask=page_ok, other=0).to(tl.int64)
+        # [BLOCK_T, D] tile, D contiguous: the K-major A operand (what fp8 wgmma needs)
+        if K_LOAD == 1:  # the tile is one page: one TMA box
+            k = k_desc.load([(tl.load(pt_ptr + b * stride_ptb + t0 // PAGE_) * PAGE_ROWS).to(tl.int32), 0])
+        elif K_LOAD == 2:  # any rows: TMA gather (sm_100)
+            k = k_desc.gather((page * PAGE_ROWS + t % PAGE_).to(tl.int32), 0)
+        else:
+            row = page * PAGE_STRIDE + (t % PAGE_) * D
+            k = tl.load(k_ptr + row[:, None] + offs_d[None, :], mask=page_ok[:, None], other=0.0)
+        # tokens as M, heads as N: the head sum stays inside a warp (no smem reduction)
+        if FP32_IEEE:
+            s = tl.dot(k, q_t, input_precision="ieee")
+        else:
+            s = tl.dot(k, q_t)  # [BLOCK_T, BLOCK_H], fp32 accumulate
+        logit = tl.sum(tl.maximum(s, 0.0) * w[None, :], axis=1)
+        if IS_FP8:
+            # the per-entry scales once per tile, after the head sum: relu(x * s) == relu(x) * s
+            # for s > 0. As float32, page p's scales start at p * PAGE_STRIDE/4 + PAGE*D/4
+            scale_row = scale_ptr + page * (PAGE_STRIDE // 4) + (PAGE_ * D // 4)
+            logit = logit * tl.load(scale_row + t % PAGE_, mask=page_ok, other=0.0)
+        logit = tl.where(t < seq_len, logit, float("-inf"))
+        tl.store(out_ptr + b * stride_ob + t, logit, mask=t < max_len)
+
+    neg_inf = tl.full([BLOCK_T], float("-inf"), tl.float32)
+    for i in range(n_live, tiles_per_prog):
+        t = t_begin + i * BLOCK_T + offs_t
+        tl.store(out_ptr + b * stride_ob + t, neg_inf, mask=t < max_len)
+
+
+@triton.jit
+def _indexer_logits_kernel(
+    q_ptr,
+    w_ptr,
+    k_ptr,
+    k_desc,  # a [rows, D] TMA descriptor over the cache (k_load tma / gather), else None
+    scale_ptr,
+    pt_ptr,
+    seq_lens_ptr,
+    out_ptr,
+    bs,
+    H,
+    max_len,
+    n_chunks,
     tiles_per_prog,
     stride_qb,
     stride_qh,
@@ -118,98 +198,79 @@ def _indexer_logits_kernel(
     BLOCK_T: tl.constexpr,  # entries per tile, a multiple of PAGE
     IS_FP8: tl.constexpr,
     FP32_IEEE: tl.constexpr,  # fp32 operands (test path): exact dot, not tf32
+    K_LOAD: tl.constexpr,  # 0 pointers, 1 one TMA tile per page, 2 TMA gather of rows
+    PERSISTENT: tl.constexpr,  # walk items pid, pid + programs, ...; else the item (pid0, pid1)
 ):
-    PAGE_: tl.constexpr = 64
-    # k_ptr is the fp8 byte view or the bf16 cache; one page is PAGE_STRIDE elements
-    PAGE_STRIDE: tl.constexpr = PAGE_ * D + PAGE_ * 4 if IS_FP8 else PAGE_ * D
-    b = tl.program_id(0).to(tl.int64)
-    t_begin = tl.program_id(1) * (BLOCK_T * tiles_per_prog)
-
-    seq_len = tl.minimum(tl.maximum(tl.load(seq_lens_ptr + b), 0), max_len)
-    live_pages = (seq_len + PAGE_ - 1) // PAGE_
-    # tiles holding at least one live entry; the rest are -inf without touching K
-    n_live = tl.minimum((tl.maximum(seq_len - t_begin, 0) + BLOCK_T - 1) // BLOCK_T, tiles_per_prog)
-
-    offs_h = tl.arange(0, BLOCK_H)
-    offs_d = tl.arange(0, D)
-    offs_t = tl.arange(0, BLOCK_T)
-    h_ok = offs_h < H
-    # q[b] is loaded once and reused for every tile: [BLOCK_H, D] -> B operand [D, BLOCK_H]
-    q = tl.load(
-        q_ptr + b * stride_qb + offs_h[:, None] * stride_qh + offs_d[None, :], mask=h_ok[:, None], other=0.0
-    )
-    q_t = tl.trans(q)
-    w = tl.load(w_ptr + b * stride_wb + offs_h, mask=h_ok, other=0.0)
-
-    for i in range(0, n_live):
-        t = t_begin + i * BLOCK_T + offs_t
-        page_idx = t // PAGE_
-        page_ok = page_idx < live_pages  # never follow page ids past seq_len
-        page = tl.load(pt_ptr + b * stride_ptb + page_idx, mask=page_ok, other=0).to(tl.int64)
-        row = page * PAGE_STRIDE + (t % PAGE_) * D
-        # [BLOCK_T, D] tile, D contiguous: K-major A operand (what fp8 wgmma needs)
-        k = tl.load(k_ptr + row[:, None] + offs_d[None, :], mask=page_ok[:, None], other=0.0)
-        # tokens as M, heads as N: the head sum stays inside a warp (no smem reduction)
-        if FP32_IEEE:
-            s = tl.dot(k, q_t, input_precision="ieee")
-        else:
-            s = tl.dot(k, q_t)  # [BLOCK_T, BLOCK_H], fp32 accumulate
-        logit = tl.sum(tl.maximum(s, 0.0) * w[None, :], axis=1)
-        if IS_FP8:
-            # scales as float32: page p's scales start at float index p * PAGE_STRIDE/4 + PAGE*D/4
-            sc = tl.load(
-                scale_ptr + page * (PAGE_STRIDE // 4) + (PAGE_ * D // 4) + t % PAGE_, mask=page_ok, other=0.0
+    # work item = (request b, chunk of tiles_per_prog tiles). Without PERSISTENT no loop around
+    # the item, whose indices come from a 2-D grid: the loop and the 1-D work index cost registers
+    # (fp8 on sm_90a: 96 -> 109, 5 -> 4 CTAs per SM)
+    if PERSISTENT:
+        for work in range(tl.program_id(0), bs * n_chunks, tl.num_programs(0)):
+            _work_item(
+                (work // n_chunks).to(tl.int64),
+                work % n_chunks,
+                q_ptr,
+                w_ptr,
+                k_ptr,
+                k_desc,
+                scale_ptr,
+                pt_ptr,
+                seq_lens_ptr,
+                out_ptr,
+                H,
+                max_len,
+                n_chunks,
+                tiles_per_prog,
+                stride_qb,
+                stride_qh,
+                stride_wb,
+                stride_ptb,
+                stride_ob,
+                D,
+                BLOCK_H,
+                BLOCK_T,
+                IS_FP8,
+                FP32_IEEE,
+                K_LOAD,
             )
-            logit = logit * sc  # relu(x * s) == relu(x) * s for s > 0
-        logit = tl.where(t < seq_len, logit, float("-inf"))
-        tl.store(out_ptr + b * stride_ob + t, logit, mask=t < max_len)
-
-    neg_inf = tl.full([BLOCK_T], float("-inf"), tl.float32)
-    for i in range(n_live, tiles_per_prog):
-        t = t_begin + i * BLOCK_T + offs_t
-        tl.store(out_ptr + b * stride_ob + t, neg_inf, mask=t < max_len)
+    else:  # grid (bs, n_chunks)
+        _work_item(
+            tl.program_id(0).to(tl.int64),
+            tl.program_id(1),
+            q_ptr,
+            w_ptr,
+            k_ptr,
+            k_desc,
+            scale_ptr,
+            pt_ptr,
+            seq_lens_ptr,
+            out_ptr,
+            H,
+            max_len,
+            n_chunks,
+            tiles_per_prog,
+            stride_qb,
+            stride_qh,
+            stride_wb,
+            stride_ptb,
+            stride_ob,
+            D,
+            BLOCK_H,
+            BLOCK_T,
+            IS_FP8,
+            FP32_IEEE,
+            K_LOAD,
+        )
 
 
 # ---------------------------------------------------------------------------
-# 3. Launchers
+# 3. Launchers (configs: kernels.logits_configs)
 # ---------------------------------------------------------------------------
 
-
-class LogitsConfig(NamedTuple):
-    block_t: int  # entries per tile, a multiple of PAGE
-    tiles_per_prog: int  # tiles one program walks (at most; fewer when the batch is small)
-    num_warps: int
-    num_stages: int
-    min_programs: int = 1024  # below this many programs, split the context finer
-
-
-# Launch configs by (cache dtype, compute capability major). The sm_90 entries ran on the H200:
-# outputs/bench/bench.md (bf16 153 us, fp8 91.6 us at B 32, L 65536, H 64, D 128).
-# Pipelining: the page-id load feeds the K load's address, so that chain costs the pipeliner
-# stages. num_stages <= 4 leaves every async_wait at num=0 (the copy is async, but each tile
-# waits for its own: latency is hidden by other CTAs on the SM, not inside one); 7 keeps two
-# tiles in flight behind the dot. bf16: 64-entry tiles, 7 stages, 83 KB smem -> 2 CTAs/SM.
-# fp8: 128-entry tiles (two pages, 16 KiB), 3 stages, 42 KB smem -> 5 CTAs/SM.
-# The sm_100 entries are the same configs, kept because they compile for sm_100a with
-# tcgen05.mma, no spills and the same shared memory (tests/test_kernel_compile.py): compiled,
-# never run (no Blackwell GPU here).
-CONFIGS = {
-    ("bf16", 9): LogitsConfig(block_t=64, tiles_per_prog=16, num_warps=4, num_stages=7),
-    ("fp8", 9): LogitsConfig(block_t=128, tiles_per_prog=4, num_warps=4, num_stages=3),
-    ("bf16", 10): LogitsConfig(block_t=64, tiles_per_prog=16, num_warps=4, num_stages=7),
-    ("fp8", 10): LogitsConfig(block_t=128, tiles_per_prog=4, num_warps=4, num_stages=3),
-}
+BENCH_SHAPE = dict(bs=32, ctx=65536, heads=64, dim=128)  # the issue's shape: one decode step
+_BF16_KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)  # fp16/fp32: test path
 BF16_CONFIG = CONFIGS["bf16", 9]._asdict()  # the H200's, as the benchmark records them
 FP8_CONFIG = CONFIGS["fp8", 9]._asdict()
-
-_BF16_KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)  # fp16/fp32: test path
-
-
-def config_for(kind, arch):
-    """The launch config for cache dtype kind ("bf16" | "fp8") on compute capability arch; archs
-    without an entry (sm_80, sm_120) use the nearest lower major that has one, else sm_90's."""
-    majors = sorted({m for k, m in CONFIGS if k == kind and m <= arch // 10}) or [9]
-    return CONFIGS[kind, majors[-1]]
 
 
 def _check_common(q, w, page_table, seq_lens, out):
@@ -244,29 +305,44 @@ def _check_fp8_args(q, w, pages, page_table, seq_lens, out):
     A.same_device(q=q, pages=pages)
 
 
-def plan(q, w, k, scales, page_table, seq_lens, out, cfg, is_fp8, per_request=0):
-    """The launch for these (already checked) arguments and config. per_request > 0: exactly that
-    many programs per request, each walking its share of the row (an engine that leaves SMs to
-    the work it overlaps, as DeepGEMM's num_sms schedule does); 0: as many as fill the GPU."""
+def plan(q, w, k, scales, page_table, seq_lens, out, cfg, is_fp8, arch, per_request=0):
+    """The launch for these (already checked) arguments and config. k: the bf16 cache or the fp8
+    pages' e4m3 view, either one [rows, D] matrix for a descriptor (no copy, no device memory:
+    the descriptor is a host-side kernel argument). per_request > 0: exactly that many programs per
+    request, each walking its share of the row (an engine that leaves SMs to the work it overlaps,
+    as DeepGEMM's num_sms schedule does); 0: as many as fill the GPU."""
     bs, h, d = q.shape
     max_len = out.shape[1]
+    A.need(cfg.k_load != "gather" or arch >= 100, "config k_load 'gather' needs sm_100 or later")
     n_tiles = triton.cdiv(max_len, cfg.block_t)
     if per_request > 0:
         tiles = triton.cdiv(n_tiles, per_request)
     else:
         tiles = max(1, min(cfg.tiles_per_prog, n_tiles))
         while tiles > 1 and bs * triton.cdiv(n_tiles, tiles) < cfg.min_programs:
-            tiles //= 2  # more programs in flight beats fewer q reloads
+            tiles //= 2  # split by context: more work items in flight beat fewer q reloads
+    n_chunks = triton.cdiv(n_tiles, tiles)
+    desc = None
+    if cfg.k_load != "ptr":
+        rows = k.view(-1, d)
+        box = [PAGE if cfg.k_load == "tma" else 1, d]
+        desc = TensorDescriptor(rows, list(rows.shape), list(rows.stride()), box)
+    grid = (bs, n_chunks)
+    if cfg.persistent:
+        grid = (min(bs * n_chunks, cfg.persistent * num_sms(q.device)),)
     args = dict(
         q_ptr=q,
         w_ptr=w,
         k_ptr=k,
+        k_desc=desc,
         scale_ptr=scales,
         pt_ptr=page_table,
         seq_lens_ptr=seq_lens,
         out_ptr=out,
+        bs=bs,
         H=h,
         max_len=max_len,
+        n_chunks=n_chunks,
         tiles_per_prog=tiles,
         stride_qb=q.stride(0),
         stride_qh=q.stride(1),
@@ -278,37 +354,35 @@ def plan(q, w, k, scales, page_table, seq_lens, out, cfg, is_fp8, per_request=0)
         BLOCK_T=cfg.block_t,
         IS_FP8=is_fp8,
         FP32_IEEE=q.dtype == torch.float32,
+        K_LOAD=K_LOADS.index(cfg.k_load),
+        PERSISTENT=bool(cfg.persistent),
     )
-    grid = (bs, triton.cdiv(n_tiles, tiles))
-    return Launch(
-        _indexer_logits_kernel, grid, args, dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    )
+    options = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    return Launch(_indexer_logits_kernel, grid, args, options)
 
 
-def _config(config, kind, device, arch):
-    """config as given (a LogitsConfig or its dict), else the entry for arch (default: device's)."""
-    if config is None:
-        return config_for(kind, arch_of(device) if arch is None else arch)
-    if isinstance(config, LogitsConfig):
-        return config
-    try:
-        return LogitsConfig(**config)
-    except TypeError as e:
-        raise ValueError(f"config must give {', '.join(LogitsConfig._fields)}, got {config}: {e}") from None
+def _config(config, kind, q, arch):
+    """config as given (a LogitsConfig or its dict), else the table's entry for arch (default:
+    q's device's) and q's heads and dim."""
+    if config is not None:
+        return as_config(config)
+    return config_for(kind, arch, q.shape[1], q.shape[2])
 
 
 def plan_bf16(q, w, kcache, page_table, seq_lens, out, config=None, arch=None, per_request=0):
     _check_bf16_args(q, w, kcache, page_table, seq_lens, out)
-    cfg = _config(config, "bf16", q.device, arch)
-    return plan(q, w, kcache, kcache, page_table, seq_lens, out, cfg, is_fp8=False, per_request=per_request)
+    arch = arch_of(q.device) if arch is None else arch
+    cfg = _config(config, "bf16", q, arch)
+    return plan(q, w, kcache, kcache, page_table, seq_lens, out, cfg, False, arch, per_request)
 
 
 def plan_fp8(q, w, pages, page_table, seq_lens, out, config=None, arch=None, per_request=0):
     _check_fp8_args(q, w, pages, page_table, seq_lens, out)
-    cfg = _config(config, "fp8", q.device, arch)
+    arch = arch_of(q.device) if arch is None else arch
+    cfg = _config(config, "fp8", q, arch)
     # two dtype views of one buffer (views allocate no memory): e4m3 values, float32 scales
     values, scales = pages.view(torch.float8_e4m3fn), pages.view(torch.float32)
-    return plan(q, w, values, scales, page_table, seq_lens, out, cfg, is_fp8=True, per_request=per_request)
+    return plan(q, w, values, scales, page_table, seq_lens, out, cfg, True, arch, per_request)
 
 
 def indexer_logits_bf16_(q, w, kcache, page_table, seq_lens, out, *, config=None, per_request=0):
@@ -316,7 +390,7 @@ def indexer_logits_bf16_(q, w, kcache, page_table, seq_lens, out, *, config=None
 
     q/kcache may also be float16/float32 (same dtype): a test path, because the
     Triton interpreter mis-computes tl.dot on bf16 operands. config (a LogitsConfig or its dict)
-    overrides the per-architecture CONFIGS entry.
+    overrides the per-architecture table (kernels.logits_configs).
     """
     launch = plan_bf16(q, w, kcache, page_table, seq_lens, out, config, per_request=per_request)
     A.launchable(launch.kernel, q.device)
@@ -332,10 +406,10 @@ def indexer_logits_fp8_(q, w, pages, page_table, seq_lens, out, *, config=None, 
         run(launch)
 
 
-def compile_cases(arch):
-    """The launches CONFIGS gives arch at the benchmark's shape, for kernels.compile_check (CPU
-    tensors: only their dtypes and alignment reach the compiler; the cache can be tiny)."""
-    from kernels.compile_check import Case  # the compile check imports this module
+def compile_cases(arch, config=None):
+    """The launches the table gives arch at the benchmark's shape (or config's, if given), and the
+    descriptor paths (TMA tiles; TMA gather on sm_100), for kernels.compile_check. CPU tensors:
+    only their dtypes and alignment reach the compiler, so the cache can be tiny."""
 
     bs, h, d, max_len = (BENCH_SHAPE[n] for n in ("bs", "heads", "dim", "ctx"))
     q, w = torch.zeros(bs, h, d, dtype=torch.bfloat16), torch.zeros(bs, h)
@@ -344,183 +418,23 @@ def compile_cases(arch):
     kcache = torch.zeros(4, PAGE, d, dtype=torch.bfloat16)
     pages = torch.zeros(4, fp8_page_bytes(d), dtype=torch.uint8)
     q8 = q.to(torch.float8_e4m3fn)
+    variants = [
+        ("", config),
+        ("_tma", dict(block_t=64, tiles_per_prog=16, num_warps=4, num_stages=5, k_load="tma")),
+    ]
+    if arch >= 100:
+        variants.append(
+            ("_gather", dict(block_t=128, tiles_per_prog=8, num_warps=4, num_stages=3, k_load="gather"))
+        )
     cases = []
-    for kind, launch in (
-        ("bf16", plan_bf16(q, w, kcache, pt, sl, out, arch=arch)),
-        ("fp8", plan_fp8(q8, w, pages, pt, sl, out, arch=arch)),
-    ):
-        # the rule in the CONFIGS comment: > 4 stages overlap copies with the dot inside a CTA
-        overlap = launch.options["num_stages"] > 4
-        cases.append(Case(f"logits_{kind}", launch, tensor_core=True, tma=False, overlap=overlap))
+    for tag, cfg in variants:
+        for kind, launch in (
+            ("bf16", plan_bf16(q, w, kcache, pt, sl, out, cfg, arch)),
+            ("fp8", plan_fp8(q8, w, pages, pt, sl, out, cfg, arch)),
+        ):
+            # the rule in kernels.logits_configs: > 4 stages overlap copies with the dot in a CTA
+            overlap = launch.options["num_stages"] > 4 if not tag else None
+            cases.append(
+                Case(f"logits_{kind}{tag}", launch, tensor_core=True, tma=bool(tag), overlap=overlap)
+            )
     return cases
-
-
-# ---------------------------------------------------------------------------
-# 4. check(): kernels vs a float64 reference
-# ---------------------------------------------------------------------------
-
-# Products of bf16 / e4m3 operands are exact in fp32, so the kernel differs from a
-# float64 reference only by fp32 accumulation (~1e-6). fp8 wgmma accumulates with a
-# reduced-precision adder on Hopper (~2^-13 relative), hence the looser fp8 bound.
-TOL = {"bf16": 1e-3, "fp8": 2e-3}
-# The torch references round scores to bf16 (~2^-9 each): reported, with a looser bound.
-TOL_TORCH_REF = 1e-2
-
-
-def make_inputs(bs, seq_lens, heads, dim, max_len, device, seed=0, garbage_pages=True):
-    """Random inputs; page ids past each seq_len are out of range so a stray read faults."""
-    g = torch.Generator(device="cpu").manual_seed(seed)
-    seq_lens = torch.as_tensor(seq_lens, dtype=torch.int32)
-    max_pages = max_len // PAGE + 1  # a spare column: max_len < max_pages * PAGE is legal
-    live = min(triton.cdiv(int(seq_lens.max()), PAGE), max_pages)
-    num_pages = bs * live + 3
-    page_table = torch.randint(0, num_pages, (bs, max_pages), generator=g, dtype=torch.int32)
-    page_table[:, :live] = torch.randperm(num_pages, generator=g)[: bs * live].view(bs, live).int()
-    if garbage_pages:
-        dead = torch.arange(max_pages)[None, :] * PAGE >= seq_lens[:, None]
-        page_table[dead] = num_pages + 1_000_000
-    q = torch.randn(bs, heads, dim, generator=g)
-    w = torch.randn(bs, heads, generator=g)
-    k = torch.randn(num_pages, PAGE, dim, generator=g)
-    to = dict(device=device)
-    return dict(
-        q=q.to(**to),
-        w=w.to(**to),
-        k=k.to(**to),
-        page_table=page_table.to(**to),
-        seq_lens=seq_lens.to(**to),
-        max_len=max_len,
-    )
-
-
-def _compare(out, ref, name):
-    if torch.isnan(out).any():
-        raise AssertionError(f"{name}: {int(torch.isnan(out).sum())} NaN in out (unwritten or bad math)")
-    ninf_out, ninf_ref = torch.isneginf(out), torch.isneginf(ref)
-    if not torch.equal(ninf_out, ninf_ref):
-        raise AssertionError(f"{name}: -inf mask differs at {int((ninf_out != ninf_ref).sum())} positions")
-    fin = ~ninf_ref
-    o, r = out[fin].double(), ref[fin].double()
-    return float((o - r).norm() / r.norm().clamp_min(1e-30))
-
-
-# --check: random seq_lens (one of 7, max_len 2 pages wider than needed), page edges, smaller
-# heads/dims, and max_len far past every seq_len
-CHECK_CASES = [
-    dict(bs=5),
-    dict(bs=3, seq_lens=[1, 64, 65], heads=64),
-    dict(bs=7, seq_lens=[4097, 33, 130, 1000, 64 * 40, 5, 2000], heads=32, dim=64),
-    dict(bs=2, seq_lens=[200, 17], heads=8, dim=128, max_len=1024),
-]
-
-
-def check(
-    device="cuda",
-    bs=5,
-    seq_lens=None,
-    heads=64,
-    dim=128,
-    max_len=None,
-    dtypes=("bf16", "fp8"),
-    seed=0,
-    tol=None,
-    fp32_operands=False,
-):
-    """Run the kernels on random inputs, compare to a float64 reference; return errors.
-
-    fp32_operands: feed the "bf16" kernel fp32 copies (the CPU-interpreter test path).
-    """
-    tol = dict(TOL, **(tol or {}))
-    if seq_lens is None:
-        gen = torch.Generator().manual_seed(seed)
-        seq_lens = torch.randint(1, 5 * PAGE, (bs,), generator=gen)
-        seq_lens[0] = 7  # shorter than one page
-    seq_lens = torch.as_tensor(seq_lens, dtype=torch.int32)
-    if max_len is None:
-        max_len = (triton.cdiv(int(seq_lens.max()), PAGE) + 2) * PAGE  # wider than needed
-    x = make_inputs(bs, seq_lens, heads, dim, max_len, device, seed)
-    q, w, pt, sl = x["q"], x["w"], x["page_table"], x["seq_lens"]
-    errors = {}
-    if "bf16" in dtypes:
-        kdt = torch.float32 if fp32_operands else torch.bfloat16
-        # round through bf16 so both the test and the production path see bf16 values
-        qb, kb = q.bfloat16().to(kdt), x["k"].bfloat16().to(kdt)
-        out = torch.full((bs, max_len), float("nan"), device=device)
-        indexer_logits_bf16_(qb, w, kb, pt, sl, out)
-        ref = ref_logits_bf16(qb.double(), w.double(), kb.double(), pt, sl, max_len)
-        errors["bf16"] = _compare(out, ref, "bf16")
-        errors["torch_ref_bf16"] = _compare(
-            ref_logits_bf16(qb.to(torch.bfloat16), w, kb.to(torch.bfloat16), pt, sl, max_len),
-            ref,
-            "torch_ref_bf16",
-        )
-    if "fp8" in dtypes:
-        pages = quantize_fp8_pages(x["k"])
-        q8 = (q * 8).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
-        out = torch.full((bs, max_len), float("nan"), device=device)
-        indexer_logits_fp8_(q8, w, pages, pt, sl, out)
-        ref = ref_logits_fp8(q8, w, pages, pt, sl, max_len, compute_dtype=torch.float64)
-        errors["fp8"] = _compare(out, ref, "fp8")
-        errors["torch_ref_fp8"] = _compare(
-            ref_logits_fp8(q8, w, pages, pt, sl, max_len), ref, "torch_ref_fp8"
-        )
-    bad = {k: v for k, v in errors.items() if v > tol.get(k, TOL_TORCH_REF)}
-    if bad:
-        raise AssertionError(f"relative error beyond tolerance {tol}: {bad} (all: {errors})")
-    return errors
-
-
-# ---------------------------------------------------------------------------
-# 5. benchmark()
-# ---------------------------------------------------------------------------
-
-
-def _logit_bytes(bs, ctx, heads, dim, fp8):
-    k = bs * ctx * (dim + 4 if fp8 else 2 * dim)  # fp8: e4m3 values + float32 scale
-    q = bs * heads * dim * (1 if fp8 else 2)
-    return k + q + bs * heads * 4 + bs * (ctx // PAGE) * 4 + bs * 4 + bs * ctx * 4
-
-
-def _bench_inputs(bs, ctx, heads, dim, device, seed=0):
-    g = torch.Generator(device=device).manual_seed(seed)
-    n_pages = bs * ctx // PAGE
-    return dict(
-        q=torch.randn(bs, heads, dim, device=device, generator=g).bfloat16(),
-        w=torch.randn(bs, heads, device=device, generator=g),
-        k=torch.randn(n_pages, PAGE, dim, device=device, generator=g).bfloat16(),
-        # a permutation: every request reads its own pages, scattered over the cache
-        page_table=torch.randperm(n_pages, device=device, generator=g).view(bs, -1).int(),
-        seq_lens=torch.full((bs,), ctx, dtype=torch.int32, device=device),
-        out=torch.empty(bs, ctx, device=device),
-    )
-
-
-BENCH_SHAPE = dict(bs=32, ctx=65536, heads=64, dim=128)  # the issue's shape: one decode step
-
-
-def benchmark(bs=32, ctx=65536, heads=64, dim=128, device="cuda", copy_bytes=2 << 30):
-    """Time kernels, torch references and a D2D copy; return one dict per row."""
-    x = _bench_inputs(bs, ctx, heads, dim, device)
-    q, w, k, pt, sl, out = x["q"], x["w"], x["k"], x["page_table"], x["seq_lens"], x["out"]
-    pages = quantize_fp8_pages(k)
-    q8 = q.float().clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
-    del x["k"]
-    rows = []
-
-    def row(name, fn, nbytes):
-        us = median_us(fn)
-        rows.append(dict(name=name, us=us, bytes=nbytes, gbps=nbytes / us * 1e-3))
-
-    rows.append(copy_row(copy_bytes, device))
-    b16, b8 = _logit_bytes(bs, ctx, heads, dim, False), _logit_bytes(bs, ctx, heads, dim, True)
-    row("triton_bf16", lambda: indexer_logits_bf16_(q, w, k, pt, sl, out), b16)
-    row("triton_fp8", lambda: indexer_logits_fp8_(q8, w, pages, pt, sl, out), b8)
-    row("torch_ref_bf16", lambda: ref_logits_bf16(q, w, k, pt, sl, ctx), b16)
-    row("torch_ref_fp8", lambda: ref_logits_fp8(q8, w, pages, pt, sl, ctx), b8)
-
-    by = {r["name"]: r for r in rows}
-    for r in rows:
-        r["frac_copy_bw"] = r["gbps"] / by["copy"]["gbps"]
-    for kind in ("bf16", "fp8"):
-        by[f"triton_{kind}"]["speedup_vs_torch"] = by[f"torch_ref_{kind}"]["us"] / by[f"triton_{kind}"]["us"]
-    return rows

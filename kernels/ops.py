@@ -12,6 +12,7 @@ from kernels.logits import (
     ref_logits_bf16,
     ref_logits_fp8,
 )
+from kernels.topk import ref_topk_indices, topk_indices_triton
 
 # ---------------------------------------------------------------------------
 # Torch custom ops: CUDA -> Triton, CPU -> reference, fake -> nothing
@@ -73,3 +74,29 @@ def indexer_logits_bf16(q, w, kcache, page_table, seq_lens, out, per_request=0):
 
 def indexer_logits_fp8(q, w, pages, page_table, seq_lens, out, per_request=0):
     torch.ops.csi.indexer_logits_fp8(q, w, pages, page_table, seq_lens, out, per_request)
+
+
+# ---------------------------------------------------------------------------
+# Top-k: CUDA -> the Triton kernel, CPU -> the exact reference (same tie rule: lowest index)
+# ---------------------------------------------------------------------------
+
+
+@torch.library.custom_op("csi::topk_indices", mutates_args=(), device_types="cpu")
+def _topk_indices_op(logits: torch.Tensor, k: int, lengths: torch.Tensor | None = None) -> torch.Tensor:
+    return ref_topk_indices(logits, k, lengths)
+
+
+@_topk_indices_op.register_kernel("cuda")
+def _(logits, k, lengths=None):
+    return topk_indices_triton(logits, k, lengths)
+
+
+@_topk_indices_op.register_fake
+def _(logits, k, lengths=None):
+    return logits.new_empty(logits.shape[0], k, dtype=torch.int32)
+
+
+def topk_indices_op(logits, k, lengths=None):
+    """kernels.topk's contract as a torch op (csi::topk_indices): the Triton kernel on CUDA, the
+    exact reference on the CPU; ties at the k-th value go to the lowest index on both."""
+    return torch.ops.csi.topk_indices(logits, k, lengths)

@@ -1,8 +1,46 @@
-"""Top-k entry indices of the indexer logits: which cached entries the sparse attention reads."""
+"""Top-k entry indices of the indexer logits: which cached entries the sparse attention reads.
+
+    topk_indices(logits, k)                       torch.topk, then the contract below
+    topk_indices_triton(logits, k, lengths=None)  two Triton kernels: a bound, then a radix select
+
+The contract (both): int32 [bs, k], the indices of the k largest logits of each row, -1 where the
+value is -inf, sorted ascending with the -1s last, so graph and eager results compare as sets.
+With `lengths`, entries t >= lengths[b] count as -inf. NaN ranks above +inf (as in torch.topk),
+and -0.0 equals +0.0.
+
+Ties: torch.topk leaves unspecified which of several equal values at the k-th place it returns.
+The Triton kernel takes the lowest indices among them, as does ref_topk_indices (a stable sort);
+away from ties at the k-th value all three return the same set.
+
+Two kernels (65536 fp32 logits are 256 KB a row; one program per row could not read that fast):
+  1. _row_maxima_kernel, over many programs: map each float to a uint32 key whose unsigned order
+     is the float order, and keep the largest key of each sub-chunk (16 entries at 65536);
+  2. _topk_kernel, one program per row:
+     a. lower bound: the k-th largest sub-chunk maximum (k distinct entries reach it);
+     b. only sub-chunks whose maximum reaches it can hold a top-k entry: gather those (about 1/8
+        of the row on random logits), and keep their entries that reach the bound, in index
+        order (prefix sums): the candidates, typically ~k of them;
+     c. radix select among the candidates, 8 bits per pass from the top: a 256-bin histogram of
+        the keys that match the digits found so far gives the next digit of the k-th largest
+        key; stop as soon as every key left in the chosen bin is taken;
+     d. one pass over the candidates writes, in index order, every index above the threshold and
+        the first ties: the output comes out sorted without a sort.
+  Worst case (all keys equal, or sorted rows) every entry is a candidate: slower, still exact.
+
+Layout: reference, kernel, launcher, check, benchmark. `python -m kernels --check / --bench`.
+"""
 
 import torch
+import triton
+import triton.language as tl
 
 from kernels import args as A
+from kernels.harness import median_us
+from kernels.launch import Case, Launch, run
+
+# ---------------------------------------------------------------------------
+# 1. Torch references
+# ---------------------------------------------------------------------------
 
 
 def check_topk_args(logits, k):
@@ -11,13 +49,401 @@ def check_topk_args(logits, k):
     A.need(k <= logits.shape[1], f"k={k} is larger than the row ({logits.shape[1]} logits)")
 
 
-def topk_indices(logits, k):
-    """int32 [bs, k]: top-k entry indices, -1 where the value is -inf,
-    sorted ascending with the -1s last (graph and eager results then compare as sets).
-    No host sync: safe under CUDA graph capture."""
-    check_topk_args(logits, k)
-    vals, idx = torch.topk(logits, k, dim=-1)
+def _mask_lengths(logits, lengths):
+    if lengths is None:
+        return logits
+    t = torch.arange(logits.shape[1], device=logits.device)
+    return logits.masked_fill(t[None, :] >= lengths[:, None].long(), float("-inf"))
+
+
+def _to_contract(vals, idx):
+    """-1 where the value is -inf, ascending, -1s last."""
     big = torch.iinfo(torch.int32).max
     idx = torch.where(vals == float("-inf"), big, idx.to(torch.int32))
     idx = idx.sort(dim=-1).values
     return torch.where(idx == big, -1, idx)
+
+
+def topk_indices(logits, k, lengths=None):
+    """The contract above through torch.topk. No host sync: safe under CUDA graph capture."""
+    check_topk_args(logits, k)
+    logits = _mask_lengths(logits, lengths)
+    vals, idx = torch.topk(logits, k, dim=-1)
+    return _to_contract(vals, idx)
+
+
+def order_keys(logits):
+    """int64 keys in [0, 2^32) whose order is the float order of float32 logits: NaN on top,
+    -0.0 == +0.0. The same map as the kernel's _order_key, in torch."""
+    x = logits.float()
+    bits = x.view(torch.int32).long() & 0xFFFFFFFF
+    key = torch.where(bits >= 0x80000000, 0xFFFFFFFF - bits, bits | 0x80000000)
+    key = torch.where(x == 0, 0x80000000, key)
+    return torch.where(torch.isnan(x), 0xFFFFFFFF, key)
+
+
+def ref_topk_indices(logits, k, lengths=None):
+    """The kernel's exact answer: the contract, ties at the k-th value broken by lowest index."""
+    check_topk_args(logits, k)
+    logits = _mask_lengths(logits.float(), lengths)
+    idx = torch.sort(order_keys(logits), dim=1, descending=True, stable=True).indices[:, :k]
+    return _to_contract(logits.gather(1, idx), idx)
+
+
+# ---------------------------------------------------------------------------
+# 2. Triton kernel
+# ---------------------------------------------------------------------------
+
+
+@triton.jit
+def _order_key(x):
+    """float32 -> uint32, unsigned order == float order; NaN above +inf, -0.0 == +0.0."""
+    bits = x.to(tl.uint32, bitcast=True)
+    key = tl.where((bits & 0x80000000) != 0, bits ^ 0xFFFFFFFF, bits | 0x80000000)
+    key = tl.where(x == 0.0, 0x80000000, key)
+    return tl.where(x != x, 0xFFFFFFFF, key)  # noqa: PLR0124 (x != x: NaN)
+
+
+@triton.jit
+def _kth_largest(keys, k, BITS: tl.constexpr):
+    """The k-th largest of a block of uint32 keys (0 if fewer than k are nonzero): the largest t
+    with at least k keys >= t, BITS bits at a time from the top (2^BITS counts per step)."""
+    t = tl.zeros([], tl.uint32)
+    digits = tl.arange(0, 1 << BITS).to(tl.uint32)
+    for step in tl.static_range(32 // BITS):
+        SH = 32 - BITS * (step + 1)
+        cand = t | (digits << SH)  # cand[0] == t: at least k keys reach it, by induction
+        count = tl.sum((keys[:, None] >= cand[None, :]).to(tl.int32), axis=0)
+        d = tl.maximum(tl.sum((count >= k).to(tl.int32)) - 1, 0)
+        t = t | (d.to(tl.uint32) << SH)
+    return t
+
+
+@triton.jit
+def _threshold(x_row, idx_row, n, K, GATHER: tl.constexpr, BLOCK: tl.constexpr, RADIX_BITS: tl.constexpr):
+    """Radix select of the K-th largest key among n entries of a row (entries idx_row[0:n] when
+    GATHER, else 0..n-1), RADIX_BITS per pass from the top. A 2^RADIX_BITS-bin histogram of the
+    next digit among keys that match the digits found so far gives the next digit; stop once
+    every key left in the chosen bin is taken. Returns (prefix, shift, k_rem, take_all): entry
+    t is selected if key >> shift > prefix, or == prefix and among the first k_rem such."""
+    NUM_BINS: tl.constexpr = 1 << RADIX_BITS
+    bins = tl.arange(0, NUM_BINS)
+    take_all = n <= K
+    prefix = tl.zeros([], tl.uint32)
+    shift = tl.full([], 32, tl.int32)
+    k_rem = K + tl.zeros([], tl.int32)
+    done = take_all
+    for p in tl.static_range(32 // RADIX_BITS):
+        if not done:
+            SH: tl.constexpr = 32 - RADIX_BITS * (p + 1)
+            hist = tl.zeros([NUM_BINS], tl.int32)
+            for start in range(0, n, BLOCK):
+                offs = start + tl.arange(0, BLOCK)
+                ok = offs < n
+                idx = tl.load(idx_row + offs, mask=ok, other=0) if GATHER else offs
+                key = _order_key(tl.load(x_row + idx, mask=ok, other=0.0))
+                if p > 0:
+                    ok = ok & ((key >> (SH + RADIX_BITS)) == prefix)
+                hist += tl.histogram(((key >> SH) & (NUM_BINS - 1)).to(tl.int32), NUM_BINS, mask=ok)
+            # ge[d]: keys whose digit >= d; the k-th largest has the largest d with ge[d] >= k_rem
+            ge = tl.sum(hist) - tl.cumsum(hist, 0) + hist
+            d = tl.sum((ge >= k_rem).to(tl.int32)) - 1
+            k_rem -= tl.sum(tl.where(bins == d, ge - hist, 0))  # every key above bin d is taken
+            prefix = (prefix << RADIX_BITS) | d.to(tl.uint32)
+            shift = tl.full([], SH, tl.int32)
+            done = tl.sum(tl.where(bins == d, hist, 0)) == k_rem  # the whole bin is taken
+    return prefix, shift, k_rem, take_all
+
+
+@triton.jit
+def _selected(key, ok, prefix, shift, k_rem, take_all, ties):
+    """Which keys of a block _threshold's answer selects, given `ties` selected-bin keys in earlier
+    blocks (ties go to the lowest index); returns (selected, ties so far)."""
+    hi = key >> tl.minimum(shift, 31).to(tl.uint32)  # shift 32 only with take_all: unused
+    tie = ok & (hi == prefix)
+    rank = ties + tl.cumsum(tie.to(tl.int32), 0) - 1
+    sel = ok & ((hi > prefix) | (tie & (rank < k_rem)) | take_all)
+    return sel, ties + tl.sum(tie.to(tl.int32))
+
+
+@triton.jit
+def _row_maxima_kernel(
+    x_ptr,
+    len_ptr,
+    max_ptr,
+    width,
+    stride_x,
+    stride_m,
+    HAS_LEN: tl.constexpr,
+    SUB: tl.constexpr,
+    SUBS: tl.constexpr,  # sub-chunks per program
+):
+    """maxima[row, j] = largest order key among entries [j*SUB, (j+1)*SUB) of the row (0 where
+    none is valid): the one pass over the whole row, spread over many programs."""
+    row = tl.program_id(0).to(tl.int64)
+    n = width
+    if HAS_LEN:
+        n = tl.minimum(tl.maximum(tl.load(len_ptr + row), 0), width)
+    sub = tl.program_id(1) * SUBS + tl.arange(0, SUBS)
+    t = sub[:, None] * SUB + tl.arange(0, SUB)[None, :]
+    ok = t < n
+    key = tl.where(ok, _order_key(tl.load(x_ptr + row * stride_x + t, mask=ok, other=0.0)), 0)
+    m = tl.max(key, axis=1)
+    tl.store(max_ptr + row * stride_m + sub, m.to(tl.int32, bitcast=True))
+
+
+@triton.jit
+def _topk_kernel(
+    x_ptr,
+    len_ptr,
+    max_ptr,
+    sub_ptr,
+    cand_ptr,
+    out_ptr,
+    width,
+    K,
+    stride_x,
+    stride_m,
+    stride_s,
+    stride_c,
+    stride_o,
+    HAS_LEN: tl.constexpr,
+    SUB: tl.constexpr,
+    NUM_MAX: tl.constexpr,  # sub-chunks (maxima) per row, a power of two
+    BLOCK: tl.constexpr,
+    RADIX_BITS: tl.constexpr,
+    BOUND_BITS: tl.constexpr,
+):
+    SUBS: tl.constexpr = BLOCK // SUB  # sub-chunks gathered per step
+    row = tl.program_id(0).to(tl.int64)
+    x_row = x_ptr + row * stride_x
+    s_row = sub_ptr + row * stride_s
+    c_row = cand_ptr + row * stride_c
+    o_row = out_ptr + row * stride_o
+    n = width
+    if HAS_LEN:
+        n = tl.minimum(tl.maximum(tl.load(len_ptr + row), 0), width)
+    offs0 = tl.arange(0, BLOCK)
+
+    # 2a. a lower bound on the k-th largest key: the k-th largest sub-chunk maximum (k distinct
+    # entries reach it), or 0 (every entry) when fewer than k sub-chunks hold a valid entry
+    m_offs = tl.arange(0, NUM_MAX)
+    maxima = tl.load(max_ptr + row * stride_m + m_offs).to(tl.uint32, bitcast=True)
+    lower = _kth_largest(maxima, K, BOUND_BITS)
+
+    # 2b. the sub-chunks that reach it (no other holds a candidate), in index order
+    live = maxima >= lower
+    tl.store(s_row + tl.cumsum(live.to(tl.int32), 0) - 1, m_offs, mask=live)
+    n_live = tl.sum(live.to(tl.int32))
+
+    # 2c. candidates, in index order: their entries whose key reaches the bound
+    c = tl.zeros([], tl.int32)
+    for start in range(0, n_live, SUBS):
+        j = start + tl.arange(0, SUBS)
+        sub = tl.load(s_row + j, mask=j < n_live, other=NUM_MAX)  # NUM_MAX * SUB >= width: masked
+        t = tl.reshape(sub[:, None] * SUB + tl.arange(0, SUB)[None, :], [BLOCK])
+        ok = t < n
+        cand = ok & (_order_key(tl.load(x_row + t, mask=ok, other=0.0)) >= lower)
+        tl.store(c_row + c + tl.cumsum(cand.to(tl.int32), 0) - 1, t, mask=cand)
+        c += tl.sum(cand.to(tl.int32))
+
+    # 2d. radix select among the candidates, then 3. write them in index order
+    prefix, shift, k_rem, take_all = _threshold(x_row, c_row, c, K, True, BLOCK, RADIX_BITS)
+    taken = tl.zeros([], tl.int32)
+    ties = tl.zeros([], tl.int32)
+    for start in range(0, c, BLOCK):
+        offs = start + offs0
+        ok = offs < c
+        idx = tl.load(c_row + offs, mask=ok, other=0)
+        x = tl.load(x_row + idx, mask=ok, other=0.0)
+        sel, ties = _selected(_order_key(x), ok, prefix, shift, k_rem, take_all, ties)
+        sel = sel & (x != float("-inf"))  # -inf entries are reported as -1 (the padding)
+        tl.store(o_row + taken + tl.cumsum(sel.to(tl.int32), 0) - 1, idx, mask=sel)
+        taken += tl.sum(sel.to(tl.int32))
+    for start in range(0, K, BLOCK):
+        offs = start + offs0
+        tl.store(o_row + offs, tl.full([BLOCK], -1, tl.int32), mask=(offs >= taken) & (offs < K))
+
+
+# ---------------------------------------------------------------------------
+# 3. Launcher
+# ---------------------------------------------------------------------------
+
+# Never timed on a GPU yet: the bench (python -m kernels --bench) times it against torch.topk and
+# the sweep tries the alternatives. The select kernel spills at 4096 entries x 4 warps (a 48-byte
+# stack on sm_90a; tests/test_kernel_compile.py fails any config that spills), not at 8 (203
+# registers) or 16 warps (108): 16 keeps registers free for the loads in flight.
+TOPK_CONFIG = dict(block=4096, num_warps=16, radix_bits=8, bound_bits=2, maxima=4096, maxima_warps=4)
+
+
+def _check_triton_args(logits, k, lengths, out):
+    A.tensor("logits", logits, torch.float32, ndim=2, last_contiguous=True)
+    check_topk_args(logits, k)
+    A.need(logits.shape[1] < 2**31, f"rows of {logits.shape[1]} logits do not fit int32 indices")
+    bs = logits.shape[0]
+    if lengths is not None:
+        A.tensor("lengths", lengths, torch.int32, shape=(bs,), contiguous=True)
+        A.same_device(logits=logits, lengths=lengths)
+    if out is not None:
+        A.tensor("out", out, torch.int32, shape=(bs, k), last_contiguous=True)
+        A.same_device(logits=logits, out=out)
+
+
+def _sub_chunks(width, k, target):
+    """(SUB, NUM_MAX): sub-chunk length (>= 16) and the power-of-two count of sub-chunk maxima,
+    about `target` of them and at least 2k where the row allows (the k-th largest must exist)."""
+    target = max(target, triton.next_power_of_2(2 * k))
+    sub = max(16, triton.next_power_of_2(triton.cdiv(width, target)))
+    return sub, triton.next_power_of_2(triton.cdiv(width, sub))
+
+
+def plan_topk(logits, k, lengths=None, out=None, config=None):
+    """The two launches (sub-chunk maxima, then select) for these arguments. Allocates on the
+    current stream (inside a capture: from the graph's pool, as torch.topk's own temporaries):
+    out when None, and workspaces, int32 [bs, NUM_MAX] twice and [bs, width] for candidates."""
+    _check_triton_args(logits, k, lengths, out)
+    cfg = dict(TOPK_CONFIG, **(config or {}))
+    A.need(32 % cfg["radix_bits"] == 0, f"radix_bits must divide 32, got {cfg['radix_bits']}")
+    A.need(32 % cfg["bound_bits"] == 0, f"bound_bits must divide 32, got {cfg['bound_bits']}")
+    bs, width = logits.shape
+    dev = logits.device
+    if out is None:
+        out = torch.empty(bs, k, dtype=torch.int32, device=dev)
+    sub, num_max = _sub_chunks(width, k, cfg["maxima"])
+    block = max(cfg["block"], sub)
+    per_prog = max(1, min(num_max, 4096 // sub))  # 4096 entries per maxima program
+    maxima = torch.empty(bs, num_max, dtype=torch.int32, device=dev)
+    subs = torch.empty(bs, num_max, dtype=torch.int32, device=dev)
+    cand = torch.empty(bs, width, dtype=torch.int32, device=dev)
+    lens = lengths if lengths is not None else logits  # unused without HAS_LEN
+    common = dict(x_ptr=logits, len_ptr=lens, max_ptr=maxima, width=width, stride_x=logits.stride(0))
+    has_len = lengths is not None
+    maxima_args = dict(common, stride_m=maxima.stride(0), HAS_LEN=has_len, SUB=sub, SUBS=per_prog)
+    select_args = dict(
+        common,
+        sub_ptr=subs,
+        cand_ptr=cand,
+        out_ptr=out,
+        K=k,
+        stride_m=maxima.stride(0),
+        stride_s=subs.stride(0),
+        stride_c=cand.stride(0),
+        stride_o=out.stride(0),
+        HAS_LEN=has_len,
+        SUB=sub,
+        NUM_MAX=num_max,
+        BLOCK=block,
+        RADIX_BITS=cfg["radix_bits"],
+        BOUND_BITS=cfg["bound_bits"],
+    )
+    maxima_opts = dict(num_warps=cfg["maxima_warps"])
+    return (
+        Launch(_row_maxima_kernel, (bs, num_max // per_prog), maxima_args, maxima_opts),
+        Launch(_topk_kernel, (bs,), select_args, dict(num_warps=cfg["num_warps"], num_stages=1)),
+    )
+
+
+def topk_indices_triton(logits, k, lengths=None, out=None, *, config=None):
+    """The contract above, by the Triton kernel (ties: lowest index). float32 logits on CUDA;
+    out (int32 [bs, k]) is filled and returned, or allocated when None."""
+    maxima, select = plan_topk(logits, k, lengths, out, config)
+    A.launchable(select.kernel, logits.device)
+    if logits.shape[0]:
+        run(maxima)
+        run(select)
+    return select.args["out_ptr"]
+
+
+def compile_cases(arch):
+    """The launches for kernels.compile_check: the model's shape, with and without lengths."""
+
+    x, lens = torch.empty(32, 65536), torch.zeros(32, dtype=torch.int32)
+    cases = []
+    for tag, lengths in (("", None), ("_lengths", lens)):
+        maxima, select = plan_topk(x, 512, lengths)
+        cases.append(Case(f"topk_maxima{tag}", maxima, tensor_core=False, tma=False))
+        cases.append(Case(f"topk_select{tag}", select, tensor_core=False, tma=False))
+    return cases
+
+
+# ---------------------------------------------------------------------------
+# 4. check()
+# ---------------------------------------------------------------------------
+
+
+def check_rows(logits, k, lengths=None, **kw):
+    """Triton vs ref_topk_indices (exact), and vs torch.topk as a set of values; returns the
+    number of rows compared. Raises AssertionError on any difference, or on a write past k."""
+    bs = logits.shape[0]
+    canary = torch.full((bs, k + 16), -7, dtype=torch.int32, device=logits.device)
+    got = topk_indices_triton(logits, k, lengths, out=canary[:, :k], **kw)
+    if not (canary[:, k:] == -7).all():
+        raise AssertionError("the kernel wrote past the k-th output column")
+    want = ref_topk_indices(logits, k, lengths)
+    if not torch.equal(got, want):
+        bad = (got != want).any(1).nonzero().flatten().tolist()
+        raise AssertionError(f"top-k differs from ref_topk_indices in rows {bad[:10]}")
+    # the same values as torch.topk picks (ties may pick other indices of equal value)
+    masked = _mask_lengths(logits.float(), lengths)
+    vals = torch.topk(masked, k, dim=1).values.sort(1).values
+    ours = masked.gather(1, want.clamp_min(0).long()).masked_fill(want < 0, float("-inf")).sort(1).values
+    same = (ours == vals) | (torch.isnan(ours) & torch.isnan(vals))
+    if not same.all():
+        raise AssertionError(f"top-k values differ from torch.topk's in {int((~same.all(1)).sum())} rows")
+    return logits.shape[0]
+
+
+def cases(device="cuda", width=65536, k=512, bs=8, seed=0):
+    """Random, tied, all -inf, fewer finite than k, NaN/inf/-0, one top entry per sub-chunk,
+    short (lengths, and a row of k + 3): (name, logits, lengths)."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    rnd = torch.randn(bs, width, generator=g)
+    tied = torch.randint(0, 4, (bs, width), generator=g).float()  # thousands of ties at the k-th
+    special = rnd.clone()
+    special[:, ::97] = float("inf")
+    special[:, 5::89] = float("nan")
+    special[:, 7::13] = float("-inf")
+    special[:, 11::17] = -0.0
+    few = torch.full((bs, width), float("-inf"))
+    few[:, : k // 2] = torch.randn(bs, k // 2, generator=g)  # fewer finite values than k
+    spread = torch.rand(bs, width, generator=g) - 2  # one top entry in each 16-entry sub-chunk:
+    spread[:, ::16] = torch.rand(bs, triton.cdiv(width, 16), generator=g)  # the bound is exact
+    lens = torch.randint(0, width + 1, (bs,), generator=g, dtype=torch.int32)
+    lens[0], lens[-1] = 0, k - 1
+    to = lambda t: t.to(device)
+    return [
+        ("random", to(rnd), None),
+        ("tied", to(tied), None),
+        ("all_-inf", to(torch.full((bs, width), float("-inf"))), None),
+        ("fewer_than_k", to(few), None),
+        ("nan_inf_-0", to(special), None),
+        ("one_per_sub_chunk", to(spread), None),
+        ("lengths", to(rnd), to(lens)),
+        ("short_row", to(rnd[:, : k + 3].contiguous()), None),
+    ]
+
+
+def check(device="cuda", width=65536, k=512, bs=8):
+    """Every case of cases(); returns {name: rows}."""
+    return {name: check_rows(x, k, lens) for name, x, lens in cases(device, width, k, bs)}
+
+
+# ---------------------------------------------------------------------------
+# 5. benchmark()
+# ---------------------------------------------------------------------------
+
+
+def benchmark(bs=32, width=65536, k=512, device="cuda"):
+    """Rows for the bench table: the kernel and torch's top-k (the model's current path)."""
+    x = torch.randn(bs, width, device=device)
+    out = torch.empty(bs, k, dtype=torch.int32, device=device)
+    nbytes = x.numel() * 4 + out.numel() * 4
+    rows = []
+    for name, fn in (
+        ("triton_topk", lambda: topk_indices_triton(x, k, out=out)),
+        ("torch_topk", lambda: topk_indices(x, k)),
+    ):
+        us = median_us(fn)
+        rows.append(dict(name=name, us=us, bytes=nbytes, gbps=nbytes / us * 1e-3))
+    rows[0]["speedup_vs_torch"] = rows[1]["us"] / rows[0]["us"]
+    return rows

@@ -15,6 +15,7 @@ from interp import interpret, run_without_interpreter
 
 from kernels import indexer as ix
 from kernels import logits as lg
+from kernels.launch import run
 
 COMPILED_KERNEL = lg._indexer_logits_kernel  # before any fixture swaps in the interpreted twin
 
@@ -69,7 +70,16 @@ def poisoned(bs, max_len):
 CONFIGS = [
     dict(block_t=64, tiles_per_prog=1, num_warps=4, num_stages=2, min_programs=0),
     dict(block_t=128, tiles_per_prog=3, num_warps=4, num_stages=2, min_programs=0),
+    # TMA page tiles; a persistent grid of one program (num_sms patched to 1) walking every item
+    dict(block_t=64, tiles_per_prog=2, num_warps=4, num_stages=2, min_programs=0, k_load="tma"),
+    dict(block_t=128, tiles_per_prog=1, num_warps=4, num_stages=2, min_programs=0, persistent=1),
 ]
+CONFIG_IDS = ["t64x1", "t128x3", "tma", "persistent"]
+
+
+@pytest.fixture(autouse=True)
+def _one_sm(monkeypatch):
+    monkeypatch.setattr(lg, "num_sms", lambda device: 1)
 
 
 # ---------------------------------------------------------------- references
@@ -109,7 +119,7 @@ def test_ref_fp8_matches_naive():
 # ---------------------------------------------------------------- kernels (interpreter)
 
 
-@pytest.mark.parametrize("cfg", CONFIGS, ids=["t64x1", "t128x3"])
+@pytest.mark.parametrize("cfg", CONFIGS, ids=CONFIG_IDS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_kernel_dense_path_matches_reference(cfg, dtype):
     x = inputs(bs=3, seq_lens=(300, 7, 64), heads=5, dim=32)
@@ -122,7 +132,7 @@ def test_kernel_dense_path_matches_reference(cfg, dtype):
     assert_logits(out, ref, 1e-6 if dtype == torch.float32 else 1e-5)
 
 
-@pytest.mark.parametrize("cfg", CONFIGS, ids=["t64x1", "t128x3"])
+@pytest.mark.parametrize("cfg", CONFIGS, ids=CONFIG_IDS)
 def test_kernel_fp8_matches_reference(cfg):
     x = inputs(bs=3, seq_lens=(300, 7, 64), heads=8, dim=32)
     pages = ix.quantize_fp8_pages(x["k"])
@@ -131,6 +141,40 @@ def test_kernel_fp8_matches_reference(cfg):
     ix.indexer_logits_fp8_(q8, x["w"], pages, x["page_table"], x["seq_lens"], out, config=cfg)
     ref = ix.ref_logits_fp8(q8, x["w"], pages, x["page_table"], x["seq_lens"], x["max_len"], torch.float64)
     assert_logits(out, ref, 1e-6)
+
+
+@pytest.mark.parametrize("is_fp8", [False, True], ids=["bf16", "fp8"])
+def test_tma_gather_path_on_sm100(is_fp8):
+    """The Blackwell path (TMA gather of any rows; two pages a tile) computes the same logits."""
+    x = inputs(bs=3, seq_lens=(300, 7, 64), heads=8, dim=32)
+    out = poisoned(3, x["max_len"])
+    cfg = dict(block_t=128, tiles_per_prog=2, num_warps=4, num_stages=2, min_programs=0, k_load="gather")
+    args = (x["w"], x["page_table"], x["seq_lens"], out)
+    if is_fp8:
+        q, pages = (x["q"] * 4).to(torch.float8_e4m3fn), ix.quantize_fp8_pages(x["k"])
+        launch = lg.plan_fp8(q, args[0], pages, *args[1:], config=cfg, arch=100)
+        ref = ix.ref_logits_fp8(q, x["w"], pages, x["page_table"], x["seq_lens"], x["max_len"], torch.float64)
+    else:
+        q, k = x["q"], x["k"]
+        launch = lg.plan_bf16(q, args[0], k, *args[1:], config=cfg, arch=100)
+        ref = ix.ref_logits_bf16(
+            q.double(), x["w"].double(), k.double(), x["page_table"], x["seq_lens"], x["max_len"]
+        )
+    assert launch.args["K_LOAD"] == 2 and launch.args["k_desc"].block_shape == [1, 32]
+    run(launch)
+    assert_logits(out, ref, 1e-6)
+
+
+def test_persistent_grid_is_capped_by_the_sm_count(monkeypatch):
+    x = inputs(bs=3, seq_lens=(300, 7, 64), heads=8, dim=32)
+    out = poisoned(3, x["max_len"])
+    cfg = dict(CONFIGS[3])
+    monkeypatch.setattr(lg, "num_sms", lambda device: 2)
+    launch = lg.plan_bf16(x["q"], x["w"], x["k"], x["page_table"], x["seq_lens"], out, config=cfg)
+    assert launch.grid == (2,) and launch.args["bs"] * launch.args["n_chunks"] == 3 * 4  # 448 / 128
+    cfg["persistent"] = 0
+    launch = lg.plan_bf16(x["q"], x["w"], x["k"], x["page_table"], x["seq_lens"], out, config=cfg)
+    assert launch.grid == (3, 4)
 
 
 def test_check_runs_in_interpreter_at_dim_128():
@@ -322,6 +366,7 @@ def test_launcher_validation_errors():
     pages = ix.quantize_fp8_pages(k)
     q8 = q.to(torch.float8_e4m3fn)
     sl_strided = torch.zeros(6, dtype=torch.int32)[::2]
+    cfg = dict(block_t=128, tiles_per_prog=1, num_warps=4, num_stages=2)
     bad = [
         (lambda: ix.indexer_logits_bf16_(q, w.double(), k, pt, sl, out), "w must be torch.float32"),
         (lambda: ix.indexer_logits_bf16_(q, w[:2], k, pt, sl, out), r"w must have shape \(3, 4\)"),
@@ -346,6 +391,10 @@ def test_launcher_validation_errors():
         ),
         (lambda: ix.indexer_logits_fp8(q8, w, pages, pt, sl, out.double()), "out must be torch.float32"),
         (lambda: ix.indexer_logits_bf16_(q, w, k, pt, sl, out, config=dict(block_t=64)), "tiles_per_prog"),
+        (lambda: ix.indexer_logits_bf16_(q, w, k, pt, sl, out, config=dict(cfg, k_load="tmaa")), "k_load"),
+        (lambda: ix.indexer_logits_bf16_(q, w, k, pt, sl, out, config=dict(cfg, block_t=96)), "block_t=96"),
+        (lambda: ix.indexer_logits_bf16_(q, w, k, pt, sl, out, config=dict(cfg, k_load="tma")), "exactly 64"),
+        (lambda: ix.indexer_logits_bf16_(q, w, k, pt, sl, out, config=dict(cfg, k_load="gather")), "sm_100"),
     ]
     for fn, msg in bad:
         with pytest.raises(ValueError, match=msg):

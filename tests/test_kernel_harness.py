@@ -6,6 +6,7 @@ import shutil
 import subprocess
 
 import pytest
+import torch
 from interp import ROOT, run_without_interpreter
 
 from kernels import harness
@@ -54,3 +55,43 @@ def test_write_table_writes_json_and_markdown(tmp_path):
     assert saved == dict(meta=dict(commit="c"), rows=rows)
     assert (tmp_path / "bench.md").read_text() == md
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bench.json", "bench.md"]  # no temp files left
+
+
+def test_bench_table_fills_fractions_of_the_copy_bandwidth(monkeypatch):
+    from kernels import __main__ as cli
+
+    monkeypatch.setattr(
+        cli, "copy_row", lambda: dict(name="copy", us=1000.0, bytes=4_000_000_000, gbps=4000.0)
+    )
+    for name, mod in (
+        ("logits", cli.logits_bench),
+        ("topk", cli.topk),
+        ("c", cli.checksum),
+        ("d", cli.differential),
+    ):
+        row = dict(name=name, us=100.0, bytes=200_000_000)  # 2000 GB/s: half the copy's bandwidth
+        monkeypatch.setattr(mod, "benchmark", lambda row=row: [dict(row)])
+    rows = cli.bench_all()
+    assert [r["name"] for r in rows] == ["copy", "logits", "topk", "c", "d"]
+    assert [r["frac_copy_bw"] for r in rows] == [1.0, 0.5, 0.5, 0.5, 0.5]
+
+
+def test_sweep_adopts_only_a_winner_that_is_not_the_default():
+    from kernels.logits_bench import adopt_lines
+    from kernels.logits_configs import LogitsConfig
+
+    a, b = LogitsConfig(64, 16, 4, 7), LogitsConfig(64, 8, 4, 5, k_load="tma")
+    rows = [
+        dict(kind="bf16", arch=90, **a._asdict(), default=True, best=True),
+        dict(kind="fp8", arch=90, **a._asdict(), default=True),
+        dict(kind="fp8", arch=90, **b._asdict(), default=False, best=True),
+    ]
+    assert adopt_lines(rows) == [f'("fp8", 9): {b!r},']
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU: the CLI would run")
+def test_cli_without_a_gpu_says_so():
+    r = run_without_interpreter(["-m", "kernels", "--bench"], timeout=120)
+    assert r.returncode == 1 and "needs a CUDA GPU" in r.stderr
+    r = run_without_interpreter(["-m", "kernels"], timeout=120)
+    assert r.returncode == 2 and "nothing to do" in r.stderr

@@ -3,7 +3,7 @@ each task's CUDA_VISIBLE_DEVICES). A task runs its point exactly as a local work
 (nblib.publish.sweep.run_point: a child `python -m nblib run`, one retry) in a scratch folder on
 its node, then sends the point's files back; the driver writes them into its own output folder.
 
-    python -m nblib sweep --params params/gpu.yaml --grid params/grids/seeds.yaml --ray auto
+    python -m nblib sweep --params params/gpu.yaml --grid params/grids/policy.yaml --ray auto
 
 `--ray auto` joins the cluster this machine belongs to (`ray start --head` first; RAY_ADDRESS is
 honoured), `--ray local` starts a private one for this sweep, `--ray HOST:PORT` (or ray://...)
@@ -17,7 +17,6 @@ import ray
 
 from nblib.core.files import write_bytes
 from nblib.core.paths import ROOT
-from nblib.publish import sweep
 
 SHIP_EXCLUDES = ["outputs/", ".venv/", ".git/", "**/.ipynb_checkpoints/"]
 
@@ -41,25 +40,26 @@ def connect(address):
     return f"http://{url}" if url and "://" not in url else url
 
 
-def _point_files(point, notebooks, timeout):
-    """Inside a Ray task: run the point in a scratch folder; return (outcome, {relative path: bytes})."""
+def _point_files(run_point, point, notebooks, timeout):
+    """Inside a Ray task: run the point in a scratch folder with run_point (sweep.run_point, handed
+    in so this module does not import the sweep that imports it); return (outcome, {path: bytes})."""
     with tempfile.TemporaryDirectory(prefix="nblib-point-") as d:
         where = Path(d) / point.id
         gpus = ",".join(map(str, ray.get_gpu_ids()))
         worker = f"ray node {ray.util.get_node_ip_address()}" + (f" GPU {gpus}" if gpus else "")
-        outcome = sweep.run_point(point, notebooks, where, env=None, timeout=timeout, worker=worker)
+        outcome = run_point(point, notebooks, where, env=None, timeout=timeout, worker=worker)
         files = {str(f.relative_to(where)): f.read_bytes() for f in sorted(where.rglob("*")) if f.is_file()}
     return outcome, files
 
 
-def run(todo, notebooks, out, profile, address, timeout, bar):
+def run(todo, notebooks, out, profile, address, timeout, bar, run_point):
     """Yield each point's Outcome as its task finishes, its files written under out/points/<id>/."""
     url = connect(address)
     print(f"Ray dashboard: {url}" if url else "Ray dashboard: not running (pip install 'ray[default]')")
     backend = profile.get("backend", "auto")
     gpu = backend == "cuda" or (backend == "auto" and ray.cluster_resources().get("GPU", 0) > 0)
     task = ray.remote(_point_files).options(num_gpus=1 if gpu else 0, num_cpus=1)
-    pending = [task.remote(p, notebooks, timeout) for p in todo]
+    pending = [task.remote(run_point, p, notebooks, timeout) for p in todo]
     while pending:
         ready, pending = ray.wait(pending, num_returns=1)
         outcome, files = ray.get(ready[0])

@@ -244,7 +244,7 @@ def sweep(params, grid, out=None, workers=None, ray=None, table="csv", timeout=1
         if ray:
             from nblib.publish import raysweep  # optional dependency: only --ray needs it
 
-            outcomes += raysweep.run(todo, g.notebooks, out, profile, ray, timeout, bar)
+            outcomes += raysweep.run(todo, g.notebooks, out, profile, ray, timeout, bar, run_point)
         else:
             outcomes += run_local(todo, g.notebooks, out, envs, timeout, bar)
     order = {p.id: i for i, p in enumerate(pts)}

@@ -1,0 +1,125 @@
+"""Checking the logits kernel (kernels.logits) against a float64 reference: random inputs whose
+page ids past each request's length point outside the cache (a stray read faults), outputs
+poisoned with NaN (an unwritten entry shows), and tolerances derived from the arithmetic."""
+
+import torch
+import triton
+
+from kernels.logits import indexer_logits_bf16_, indexer_logits_fp8_, ref_logits_bf16, ref_logits_fp8
+from kernels.paged import FP8_MAX, PAGE, quantize_fp8_pages
+
+# ---------------------------------------------------------------------------
+# check(): kernels vs a float64 reference
+# ---------------------------------------------------------------------------
+
+# Products of bf16 / e4m3 operands are exact in fp32, so the kernel differs from a
+# float64 reference only by fp32 accumulation (~1e-6). fp8 wgmma accumulates with a
+# reduced-precision adder on Hopper (~2^-13 relative), hence the looser fp8 bound.
+TOL = {"bf16": 1e-3, "fp8": 2e-3}
+# The torch references round scores to bf16 (~2^-9 each): reported, with a looser bound.
+TOL_TORCH_REF = 1e-2
+
+
+def make_inputs(bs, seq_lens, heads, dim, max_len, device, seed=0, garbage_pages=True):
+    """Random inputs; page ids past each seq_len are out of range so a stray read faults."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    seq_lens = torch.as_tensor(seq_lens, dtype=torch.int32)
+    max_pages = max_len // PAGE + 1  # a spare column: max_len < max_pages * PAGE is legal
+    live = min(triton.cdiv(int(seq_lens.max()), PAGE), max_pages)
+    num_pages = bs * live + 3
+    page_table = torch.randint(0, num_pages, (bs, max_pages), generator=g, dtype=torch.int32)
+    page_table[:, :live] = torch.randperm(num_pages, generator=g)[: bs * live].view(bs, live).int()
+    if garbage_pages:
+        dead = torch.arange(max_pages)[None, :] * PAGE >= seq_lens[:, None]
+        page_table[dead] = num_pages + 1_000_000
+    q = torch.randn(bs, heads, dim, generator=g)
+    w = torch.randn(bs, heads, generator=g)
+    k = torch.randn(num_pages, PAGE, dim, generator=g)
+    to = dict(device=device)
+    return dict(
+        q=q.to(**to),
+        w=w.to(**to),
+        k=k.to(**to),
+        page_table=page_table.to(**to),
+        seq_lens=seq_lens.to(**to),
+        max_len=max_len,
+    )
+
+
+def _compare(out, ref, name):
+    if torch.isnan(out).any():
+        raise AssertionError(f"{name}: {int(torch.isnan(out).sum())} NaN in out (unwritten or bad math)")
+    ninf_out, ninf_ref = torch.isneginf(out), torch.isneginf(ref)
+    if not torch.equal(ninf_out, ninf_ref):
+        raise AssertionError(f"{name}: -inf mask differs at {int((ninf_out != ninf_ref).sum())} positions")
+    fin = ~ninf_ref
+    o, r = out[fin].double(), ref[fin].double()
+    return float((o - r).norm() / r.norm().clamp_min(1e-30))
+
+
+# --check: random seq_lens (one of 7, max_len 2 pages wider than needed), page edges, smaller
+# heads/dims, and max_len far past every seq_len
+CHECK_CASES = [
+    dict(bs=5),
+    dict(bs=3, seq_lens=[1, 64, 65], heads=64),
+    dict(bs=7, seq_lens=[4097, 33, 130, 1000, 64 * 40, 5, 2000], heads=32, dim=64),
+    dict(bs=2, seq_lens=[200, 17], heads=8, dim=128, max_len=1024),
+]
+
+
+def check(
+    device="cuda",
+    bs=5,
+    seq_lens=None,
+    heads=64,
+    dim=128,
+    max_len=None,
+    dtypes=("bf16", "fp8"),
+    seed=0,
+    tol=None,
+    fp32_operands=False,
+    config=None,
+):
+    """Run the kernels on random inputs, compare to a float64 reference; return errors.
+
+    fp32_operands: feed the "bf16" kernel fp32 copies (the CPU-interpreter test path).
+    config: a launch config (LogitsConfig or dict) for both kernels instead of the table's.
+    """
+    tol = dict(TOL, **(tol or {}))
+    if seq_lens is None:
+        gen = torch.Generator().manual_seed(seed)
+        seq_lens = torch.randint(1, 5 * PAGE, (bs,), generator=gen)
+        seq_lens[0] = 7  # shorter than one page
+    seq_lens = torch.as_tensor(seq_lens, dtype=torch.int32)
+    if max_len is None:
+        max_len = (triton.cdiv(int(seq_lens.max()), PAGE) + 2) * PAGE  # wider than needed
+    x = make_inputs(bs, seq_lens, heads, dim, max_len, device, seed)
+    q, w, pt, sl = x["q"], x["w"], x["page_table"], x["seq_lens"]
+    errors = {}
+    if "bf16" in dtypes:
+        kdt = torch.float32 if fp32_operands else torch.bfloat16
+        # round through bf16 so both the test and the production path see bf16 values
+        qb, kb = q.bfloat16().to(kdt), x["k"].bfloat16().to(kdt)
+        out = torch.full((bs, max_len), float("nan"), device=device)
+        indexer_logits_bf16_(qb, w, kb, pt, sl, out, config=config)
+        ref = ref_logits_bf16(qb.double(), w.double(), kb.double(), pt, sl, max_len)
+        errors["bf16"] = _compare(out, ref, "bf16")
+        errors["torch_ref_bf16"] = _compare(
+            ref_logits_bf16(qb.to(torch.bfloat16), w, kb.to(torch.bfloat16), pt, sl, max_len),
+            ref,
+            "torch_ref_bf16",
+        )
+    if "fp8" in dtypes:
+        pages = quantize_fp8_pages(x["k"])
+        q8 = (q * 8).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+        out = torch.full((bs, max_len), float("nan"), device=device)
+        indexer_logits_fp8_(q8, w, pages, pt, sl, out, config=config)
+        ref = ref_logits_fp8(q8, w, pages, pt, sl, max_len, compute_dtype=torch.float64)
+        errors["fp8"] = _compare(out, ref, "fp8")
+        errors["torch_ref_fp8"] = _compare(
+            ref_logits_fp8(q8, w, pages, pt, sl, max_len), ref, "torch_ref_fp8"
+        )
+    bad = {k: v for k, v in errors.items() if v > tol.get(k, TOL_TORCH_REF)}
+    if bad:
+        raise AssertionError(f"relative error beyond tolerance {tol}: {bad} (all: {errors})")
+    return errors

@@ -1,0 +1,109 @@
+"""Launch configs of the logits kernel (kernels.logits): what runs where, why, and the pruned
+space the sweep (kernels.logits_bench) times to choose them.
+
+Lookup: config_for(kind, arch, heads, dim) takes the entry for (kind, arch major, heads, dim) if
+there is one, else (kind, arch major); archs without an entry (sm_80, sm_120) use the nearest
+lower major that has one, else sm_90's. The model runs one shape (H 64, D 128), so the table
+holds the per-architecture defaults; a sweep on another shape adds (kind, major, heads, dim) keys.
+
+Why these (sm_90: measured on the H200 at B 32, L 65536, H 64, D 128, bf16 153 us and fp8 91.6 us,
+outputs/bench/h200-3ff34cd/bench.md, by the kernel as it was before the work-item loop that the
+persistent grid needs; python -m kernels --bench measures the kernel as it is):
+  the page-id load feeds the K load's address, so that chain costs the software pipeliner stages.
+  num_stages <= 4 leaves every async_wait at num=0 (the copy is async, but each tile waits for its
+  own: latency is hidden by other CTAs on the SM, not inside one); 7 keeps two tiles in flight
+  behind the dot. bf16: 64-entry tiles, 7 stages, 83 KB smem -> 2 CTAs/SM. fp8: 128-entry tiles
+  (two pages, 16 KiB), 3 stages, 42 KB smem and 96 registers -> 5 CTAs/SM (compile_sm90.md).
+The sm_100 entries come from the compiled resource usage (outputs/bench/compile_sm100.md lists
+every candidate on sm_100a; compiled, never run): keep sm_90's entry where on sm_100a it compiles
+with tcgen05.mma, no spills and as many CTAs per SM as on sm_90a (bf16: 2 and 2); otherwise,
+among pointer-path candidates that keep sm_90a's CTAs per SM, the deepest pipeline, then the
+longest walk. fp8: sm_90's entry needs 147 registers on sm_100a (96 on sm_90a), 3 CTAs per SM
+instead of 5; 64-entry tiles, 7 stages, 16 tiles a walk keep 5 (80 registers, 42 KB).
+tests/test_kernel_compile.py asserts the sm_100 entries keep sm_90's CTAs per SM, spill-free.
+The new load paths (TMA tiles, TMA gather on sm_100, a persistent grid) are in the sweep's space
+and become defaults only when a committed sweep table shows them faster.
+"""
+
+from typing import NamedTuple
+
+K_LOADS = ("ptr", "tma", "gather")  # gather: TMA gather4 rows, sm_100 and later only
+
+
+class LogitsConfig(NamedTuple):
+    block_t: int  # entries per tile, a multiple of PAGE (64 for k_load "tma": one page a tile)
+    tiles_per_prog: int  # tiles one work item walks (at most; fewer when the batch is small)
+    num_warps: int
+    num_stages: int
+    min_programs: int = 1024  # below this many work items, split the context finer
+    k_load: str = "ptr"  # how K tiles reach shared memory: pointers, a TMA tile, TMA gather
+    persistent: int = 0  # 0: one program per work item; n: n programs per SM walk them all
+
+
+CONFIGS = {
+    ("bf16", 9): LogitsConfig(block_t=64, tiles_per_prog=16, num_warps=4, num_stages=7),
+    ("fp8", 9): LogitsConfig(block_t=128, tiles_per_prog=4, num_warps=4, num_stages=3),
+    ("bf16", 10): LogitsConfig(block_t=64, tiles_per_prog=16, num_warps=4, num_stages=7),
+    # sm_90's fp8 entry needs 147 registers on sm_100a (96 on sm_90a): 3 CTAs per SM, not 5
+    ("fp8", 10): LogitsConfig(block_t=64, tiles_per_prog=16, num_warps=4, num_stages=7),
+}
+
+
+def config_for(kind, arch, heads=None, dim=None):
+    """The launch config for cache dtype kind ("bf16" | "fp8") on compute capability arch."""
+    majors = sorted({key[1] for key in CONFIGS if key[0] == kind and key[1] <= arch // 10}) or [9]
+    major = majors[-1]
+    return CONFIGS.get((kind, major, heads, dim), CONFIGS[kind, major])
+
+
+def as_config(config):
+    """A LogitsConfig from a LogitsConfig or its dict, checked; one-line ValueError otherwise."""
+    if not isinstance(config, LogitsConfig):
+        try:
+            config = LogitsConfig(**config)
+        except TypeError as e:
+            raise ValueError(f"config must give {', '.join(LogitsConfig._fields[:4])}: {e}") from None
+    c = config
+    if c.k_load not in K_LOADS:
+        raise ValueError(f"config k_load {c.k_load!r}: choose one of {', '.join(K_LOADS)}")
+    if c.block_t % 64 or c.block_t < 64 or (c.k_load == "tma" and c.block_t != 64):
+        raise ValueError(f"config block_t={c.block_t}: a multiple of 64 (exactly 64 with k_load 'tma')")
+    if c.tiles_per_prog < 1 or c.num_warps not in (1, 2, 4, 8, 16) or c.num_stages < 1 or c.persistent < 0:
+        raise ValueError(f"config {c}: tiles_per_prog >= 1, num_warps a power of two <= 16, num_stages >= 1")
+    return c
+
+
+# Shared memory an sm_90 / sm_100 CTA may use (227 KB); the pruning keeps 2 CTAs per SM possible.
+SMEM_BUDGET = 227 * 1024 // 2
+
+
+def smem_estimate(kind, block_t, dim, num_stages):
+    """Bytes of the K tile ring the pipeliner keeps (the dominant shared-memory user)."""
+    elem = 1 if kind == "fp8" else 2
+    return num_stages * block_t * dim * elem
+
+
+def candidates(kind, heads, dim, arch):
+    """The sweep's pruned space for (kind, heads, dim, arch): pointer loads around the measured
+    defaults, TMA page tiles, TMA gather (sm_100+), each with and without a persistent grid at its
+    best-guess shape; configs whose K ring cannot leave room for two CTAs per SM are dropped."""
+    base = config_for(kind, arch, heads, dim)
+    space = [base]
+    for block_t in (64, 128):
+        for tiles in (4, 16):
+            for stages in (3, 5, 7):
+                space.append(LogitsConfig(block_t, tiles, 4, stages))
+    for tiles in (8, 16):
+        for stages in (3, 5):
+            space.append(LogitsConfig(64, tiles, 4, stages, k_load="tma"))
+    if arch >= 100:
+        for block_t in (64, 128):
+            for stages in (3, 5):
+                space.append(LogitsConfig(block_t, 8, 4, stages, k_load="gather"))
+    space += [c._replace(persistent=2) for c in (base, LogitsConfig(64, 8, 4, 5, k_load="tma"))]
+    space.append(base._replace(num_warps=8))
+    kept = []
+    for c in space:
+        if c not in kept and smem_estimate(kind, c.block_t, dim, c.num_stages) <= SMEM_BUDGET:
+            kept.append(c)
+    return kept

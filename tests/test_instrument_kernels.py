@@ -1,0 +1,148 @@
+"""The instruments' kernels in Triton's interpreter: page checksums (kernels.checksum) against
+their reference and the canary's own definition, and the fused differential
+(kernels.differential) against its reference and the differential's metrics."""
+
+import pytest
+import torch
+from interp import interpret, run_without_interpreter
+
+from kernels import checksum as C
+from kernels import differential as D
+from kernels import topk as T
+from nblib.instruments import canary, gediff
+
+COMPILED = dict(checksum=C._page_checksum_kernel, differential=D._differential_kernel)
+
+pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # inf - inf
+
+
+@pytest.fixture(autouse=True)
+def _interpreted(monkeypatch):
+    interpret(monkeypatch, C, D, T)
+
+
+# ---------------------------------------------------------------- page checksums
+
+
+def test_checksum_kernel_matches_reference_and_catches_a_swap():
+    assert C.check("cpu", pages=40, dim=32, n=24) == dict(pages=24, caches=["bf16", "fp8"])
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp8"])
+def test_checksums_are_the_canarys(dtype):
+    """Over every page, the kernel gives exactly the canary's checksums; on chosen pages, the
+    same values at those pages."""
+    g = torch.Generator().manual_seed(1)
+    if dtype == "bf16":
+        cache = torch.randn(30, 64, 32, generator=g).bfloat16()
+    else:
+        cache = torch.randint(0, 256, (30, 64 * 32 + 256), generator=g, dtype=torch.uint8)
+    every = C.page_checksums_(cache, torch.arange(30, dtype=torch.int32), torch.empty(30, dtype=torch.int64))
+    assert torch.equal(every, canary.page_checksums(cache))
+    ids = torch.tensor([29, 0, 7, 7], dtype=torch.int64)
+    assert torch.equal(C.page_checksums_(cache, ids, torch.empty(4, dtype=torch.int64)), every[ids])
+
+
+def test_checksum_of_one_changed_word_changes():
+    cache = torch.zeros(4, 64, 32, dtype=torch.bfloat16)
+    ids = torch.arange(4, dtype=torch.int32)
+    before = C.page_checksums_(cache, ids, torch.empty(4, dtype=torch.int64)).clone()
+    cache[2, 63, 31] = 1.0
+    after = C.page_checksums_(cache, ids, torch.empty(4, dtype=torch.int64))
+    assert (before != after).tolist() == [False, False, True, False]
+
+
+def test_checksum_validation_errors():
+    cache = torch.zeros(4, 64, 32, dtype=torch.bfloat16)
+    ids, out = torch.tensor([0, 1], dtype=torch.int32), torch.empty(2, dtype=torch.int64)
+    bad = [
+        (lambda: C.page_checksums_(cache.transpose(1, 2), ids, out), "cache must be contiguous"),
+        (lambda: C.page_checksums_(torch.zeros(4, 6, dtype=torch.uint8), ids, out), "not whole 32-bit words"),
+        (lambda: C.page_checksums_(cache, ids.float(), out), "page_ids must be torch.int32 or torch.int64"),
+        (lambda: C.page_checksums_(cache, ids, out[:1]), r"out must have shape \(2,\)"),
+        (lambda: C.page_checksums_(cache, ids, out.int()), "out must be torch.int64"),
+        (lambda: C.page_checksums_(cache, ids.to("meta"), out), "must be on one device"),
+    ]
+    for fn, msg in bad:
+        with pytest.raises(ValueError, match=msg):
+            fn()
+
+
+def test_checksum_refuses_cpu_tensors_outside_the_interpreter(monkeypatch):
+    monkeypatch.setattr(C, "_page_checksum_kernel", COMPILED["checksum"])
+    with pytest.raises(ValueError, match="needs CUDA tensors"):
+        C.page_checksums_(
+            torch.zeros(2, 64, 32), torch.zeros(1, dtype=torch.int32), torch.empty(1, dtype=torch.int64)
+        )
+    # the dispatcher takes the reference off CUDA
+    assert torch.equal(
+        C.page_checksums(torch.ones(2, 4), torch.tensor([1])),
+        C.ref_page_checksums(torch.ones(2, 4), torch.tensor([1])),
+    )
+
+
+# ---------------------------------------------------------------- differential
+
+
+def test_differential_matches_reference_on_every_case():
+    seen = D.check("cpu")
+    assert seen["agree"] == [0.0, 0, 0]
+    assert seen["jump"][1:] == [1, 1] and seen["jump"][0] > 1e29
+    assert seen["tiny"][1:] == [0, 0] and 0 < seen["tiny"][0] < 1e-2
+    assert seen["nan"] == [float("inf"), 1, 1]
+    assert seen["kth_swap"][1:] == [0, 1]
+    assert seen["ties"][2] == 1
+    assert seen["first_max"][1:] == [1, 1]
+
+
+def test_differential_agrees_with_the_instruments_metrics():
+    """Summed over rows, the kernel gives what nblib.instruments.gediff.metrics reports (cases
+    without ties at the k-th value, where torch.topk's choice is not specified)."""
+    for name, graph, eager in D.cases("cpu"):
+        if name == "ties":
+            continue
+        rows = D.differential(graph, eager, 64)
+        m = gediff.metrics(graph, eager, 64)
+        assert float(rows.max_abs.max()) == m["max_abs"], name
+        assert int(rows.argmax_differs.sum()) == m["argmax_rows"], name
+        assert int(rows.topk_differs.sum()) == m["topk_rows"], name
+
+
+def test_differential_fills_given_outputs_for_strided_rows():
+    g = torch.randn(5, 300)[:, :256]
+    e = g.clone()
+    e[3, 17] += 1.0
+    out = D.DiffRows(torch.full((5,), 9.0), torch.ones(5, dtype=torch.bool), torch.ones(5, dtype=torch.bool))
+    got = D.differential(g, e, 8, out)
+    assert got is out
+    assert out.max_abs.tolist() == pytest.approx([0, 0, 0, 1, 0])
+    assert [torch.equal(a, b) for a, b in zip(out, D.ref_differential(g, e, 8))] == [True] * 3
+
+
+def test_differential_validation_errors():
+    g = torch.randn(3, 100)
+    bad = [
+        (lambda: D.differential(g, g[:2], 5), r"eager must have shape \(3, 100\)"),
+        (lambda: D.differential(g, g.double(), 5), "eager must be torch.float32"),
+        (lambda: D.differential(g, g, 101), "k=101 is larger than the row"),
+        (lambda: D.differential(g.t(), g.t(), 1), "contiguous in its last dim"),
+        (lambda: D.differential(g, g.to("meta"), 5), "must be on one device"),
+        (
+            lambda: D.differential(g, g, 5, D.DiffRows(g[:, 0], g[:, 0], g[:, 0])),
+            "out.max_abs must be contiguous",
+        ),
+    ]
+    for fn, msg in bad:
+        with pytest.raises(ValueError, match=msg):
+            fn()
+
+
+# ---------------------------------------------------------------- GPU
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_check():
+    code = "from kernels import checksum as c, differential as d; print(c.check('cuda'), d.check('cuda'))"
+    r = run_without_interpreter(["-c", code], timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]

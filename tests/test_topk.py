@@ -1,0 +1,138 @@
+"""The Triton top-k (kernels.topk) against torch on random, tied, all -inf, short and long rows,
+in Triton's interpreter on the CPU; its references; its argument checks; the custom op."""
+
+import pytest
+import torch
+from interp import interpret, run_without_interpreter
+
+from kernels import indexer as kx
+from kernels import topk as T
+
+COMPILED = (T._row_maxima_kernel, T._topk_kernel)  # before the fixture swaps in interpreted twins
+NEG_INF = float("-inf")
+
+
+@pytest.fixture(autouse=True)
+def _interpreted(monkeypatch):
+    interpret(monkeypatch, T)
+
+
+# ---------------------------------------------------------------- references
+
+
+def test_order_keys_follow_float_order_with_nan_on_top():
+    x = torch.tensor([NEG_INF, -3e38, -1.0, -1e-45, -0.0, 0.0, 1e-45, 1.0, 3e38, float("inf"), float("nan")])
+    keys = T.order_keys(x[None])[0]
+    assert keys.tolist() == sorted(keys.tolist())  # ascending floats -> ascending keys
+    assert keys[4] == keys[5]  # -0.0 == +0.0
+    assert len(set(keys.tolist())) == len(x) - 1
+    assert int(keys.min()) > 0 and int(keys.max()) == 2**32 - 1
+
+
+def test_ref_equals_torch_topk_without_ties():
+    x = torch.randn(4, 3000)
+    x[1, ::3] = NEG_INF
+    x[2] = NEG_INF
+    x[2, [5, 9]] = 1.0
+    assert torch.equal(T.ref_topk_indices(x, 100), T.topk_indices(x, 100))
+    assert T.ref_topk_indices(x, 100)[2].tolist() == [5, 9] + [-1] * 98
+
+
+def test_ties_at_the_kth_value_go_to_the_lowest_index():
+    x = torch.tensor([[1.0, 5.0, 3.0, 3.0, 3.0, 0.0, 3.0]])
+    # the k-th (3rd) value is 3.0, held by entries 2, 3, 4, 6: the lowest (2, 3) are taken
+    assert T.ref_topk_indices(x, 3).tolist() == [[1, 2, 3]]
+    assert T.topk_indices_triton(x, 3).tolist() == [[1, 2, 3]]
+
+
+def test_lengths_mask_past_the_end():
+    x = torch.arange(10.0).repeat(2, 1)
+    lens = torch.tensor([4, 0], dtype=torch.int32)
+    assert T.ref_topk_indices(x, 3, lens).tolist() == [[1, 2, 3], [-1, -1, -1]]
+    assert T.topk_indices(x, 3, lens).tolist() == [[1, 2, 3], [-1, -1, -1]]
+
+
+# ---------------------------------------------------------------- kernel (interpreter)
+
+
+@pytest.mark.parametrize("name", [c[0] for c in T.cases("cpu", width=256, k=16, bs=1)])
+def test_kernel_matches_reference_and_torch(name):
+    # width 4096, k 64: the sub-chunk bound is in force (256 maxima >= k); short_row: it is not
+    assert T._sub_chunks(4096, 64, T.TOPK_CONFIG["maxima"]) == (16, 256)
+    x, lens = next((x, lens) for n, x, lens in T.cases("cpu", width=4096, k=64, bs=3) if n == name)
+    assert T.check_rows(x, 64, lens) == 3
+
+
+def test_kernel_at_the_models_shape():
+    """k 512 over 65536 logits, random and tied rows (two rows each: the interpreter is slow)."""
+    for name, x, lens in T.cases("cpu", width=65536, k=512, bs=2)[:2]:
+        assert T.check_rows(x, 512, lens) == 2, name
+
+
+def test_kernel_without_the_bound_falls_back_to_every_entry():
+    x = torch.randn(2, 300)
+    sub, num_max = T._sub_chunks(300, 256, T.TOPK_CONFIG["maxima"])
+    assert num_max < 256  # fewer sub-chunks than k: the bound is 0, every entry a candidate
+    assert T.check_rows(x, 256) == 2
+
+
+def test_kernel_fills_a_given_out_and_a_strided_row():
+    big = torch.randn(3, 5000)
+    x = big[:, :4096]  # rows 5000 apart: the row stride is honoured
+    out = torch.full((3, 64), 7, dtype=torch.int32)
+    got = T.topk_indices_triton(x, 64, out=out)
+    assert got is out
+    assert torch.equal(out, T.ref_topk_indices(x, 64))
+
+
+def test_custom_op_on_cpu_is_the_reference():
+    x = torch.randn(3, 500)
+    x[0, 10:20] = 2.0  # ties
+    assert torch.equal(kx.topk_indices_op(x, 12), T.ref_topk_indices(x, 12))
+    torch.library.opcheck(torch.ops.csi.topk_indices.default, (x, 12, None))
+
+
+# ---------------------------------------------------------------- validation
+
+
+def test_validation_errors():
+    x = torch.randn(2, 100)
+    lens = torch.tensor([5, 6], dtype=torch.int32)
+    bad = [
+        (lambda: T.topk_indices_triton(x, 101), "k=101 is larger than the row"),
+        (lambda: T.topk_indices_triton(x, 0), "k must be a positive int"),
+        (lambda: T.topk_indices_triton(x.double(), 5), "logits must be torch.float32"),
+        (lambda: T.topk_indices_triton(x[0], 5), "logits must have 2 dims"),
+        (lambda: T.topk_indices_triton(x.t(), 1), "logits must be contiguous in its last dim"),
+        (lambda: T.topk_indices_triton(x, 5, lens.long()), "lengths must be torch.int32"),
+        (lambda: T.topk_indices_triton(x, 5, lens[:1]), r"lengths must have shape \(2,\)"),
+        (
+            lambda: T.topk_indices_triton(x, 5, out=torch.empty(2, 4, dtype=torch.int32)),
+            "out must have shape",
+        ),
+        (lambda: T.topk_indices_triton(x, 5, out=torch.empty(2, 5)), "out must be torch.int32"),
+        (lambda: T.topk_indices_triton(x, 5, lens.to("meta")), "must be on one device"),
+        (lambda: T.topk_indices(x, 101), "k=101 is larger than the row"),
+        (lambda: T.topk_indices_triton(x, 5, config=dict(radix_bits=5)), "radix_bits must divide 32"),
+    ]
+    for fn, msg in bad:
+        with pytest.raises(ValueError, match=msg):
+            fn()
+
+
+def test_refuses_cpu_tensors_outside_the_interpreter(monkeypatch):
+    monkeypatch.setattr(T, "_row_maxima_kernel", COMPILED[0])
+    monkeypatch.setattr(T, "_topk_kernel", COMPILED[1])
+    with pytest.raises(ValueError, match="needs CUDA tensors, got cpu"):
+        T.topk_indices_triton(torch.randn(2, 100), 5)
+
+
+# ---------------------------------------------------------------- GPU
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_check():
+    code = "from kernels import topk; print(topk.check('cuda'))"
+    r = run_without_interpreter(["-c", code], timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
