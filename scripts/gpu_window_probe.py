@@ -17,6 +17,7 @@ import torch
 import yaml
 
 from nblib.backends import device
+from nblib.backends.device import cuda_graph_seconds
 from nblib.engine.model import PAGE, DecodeModel, ModelConfig
 from nblib.engine.runner import Runner
 from nblib.engine.workload import WorkloadConfig, run_sessions
@@ -39,25 +40,7 @@ def batch(m, bucket, ctx, seed=0):
 
 
 def graph_ms(fn, reps):
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    for _ in range(3):
-        g.replay()
-    ts = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b))
-    del g
+    ts = [1e3 * x for x in cuda_graph_seconds(fn, reps, warmup=3)]
     return statistics.median(ts), statistics.pstdev(ts)
 
 
