@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from kernels import indexer as kx
+from nblib.backends.device import cuda_graph_seconds
 from nblib.core.results import commit
 
 N_TINY = 64
@@ -29,25 +30,7 @@ REPLAYS = 300
 
 
 def graph_times(fn, replays=REPLAYS):
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    for _ in range(10):
-        g.replay()
-    ts = []
-    for _ in range(replays):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b) * 1e-3)
-    return ts
+    return cuda_graph_seconds(fn, replays)
 
 
 def indexer_seconds(ctx, heads=64, dim=128):

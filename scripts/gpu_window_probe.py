@@ -10,12 +10,14 @@ import argparse
 import json
 import statistics
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
 import yaml
 
 from nblib.backends import device
+from nblib.backends.device import cuda_graph_seconds
 from nblib.engine.model import PAGE, DecodeModel, ModelConfig
 from nblib.engine.runner import Runner
 from nblib.engine.workload import WorkloadConfig, run_sessions
@@ -38,25 +40,7 @@ def batch(m, bucket, ctx, seed=0):
 
 
 def graph_ms(fn, reps):
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    for _ in range(3):
-        g.replay()
-    ts = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b))
-    del g
+    ts = [1e3 * x for x in cuda_graph_seconds(fn, reps, warmup=3)]
     return statistics.median(ts), statistics.pstdev(ts)
 
 
@@ -83,7 +67,7 @@ def main():
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     dev = device.get("cuda")
-    prof = yaml.safe_load(open("params/gpu.yaml"))
+    prof = yaml.safe_load(Path("params/gpu.yaml").read_text())
     base = dict(
         prof["model"],
         num_pages=max(prof["model"]["num_pages"], 1 + max(a.buckets) * max(a.ctxs) // PAGE + 64, 30000),
@@ -93,8 +77,8 @@ def main():
         device=torch.cuda.get_device_name(), torch=torch.__version__, base=base, workload=wl, trunks={}
     )
 
-    for trunk, progs in [(tr, p) for p in a.programs for tr in a.trunks]:
-        trunk = f"{trunk}/p{progs}"
+    for layers_spec, progs in [(tr, p) for p in a.programs for tr in a.trunks]:
+        trunk = f"{layers_spec}/p{progs}"
         t0 = time.time()
         r = res["trunks"][trunk] = dict(branch={}, step={}, runs={}, aliases=[])
         for ov in ("on", "off"):
@@ -113,9 +97,9 @@ def main():
                         q = (x @ m.w_q).view(-1, m.cfg.heads, m.cfg.dim)
                         hw = (x @ m.w_head).float()
                         logits = torch.empty(b, m.cfg.max_ctx, device="cuda")
-                        side = graph_ms(lambda: m.indexer(q, hw, table, lens, logits), a.reps)
-                        main = graph_ms(lambda: m.main_branch(x), a.reps)
-                        trunk_only = graph_ms(lambda: m.trunk(x), a.reps) if trunk else (0.0, 0.0)
+                        side = graph_ms(partial(m.indexer, q, hw, table, lens, logits), a.reps)
+                        main = graph_ms(partial(m.main_branch, x), a.reps)
+                        trunk_only = graph_ms(partial(m.trunk, x), a.reps)
                         r["branch"][f"{b}/{ctx}"] = dict(
                             side_ms=side[0],
                             main_ms=main[0],
@@ -136,7 +120,7 @@ def main():
                     st.fill(*args)
                     g = runner.graphs[b][0]
                     ts = []
-                    for i in range(a.reps + 3):
+                    for _ in range(a.reps + 3):
                         e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                         e0.record()
                         g.replay()
@@ -166,7 +150,8 @@ def main():
                         step_log=steps,
                     )
                     print(
-                        f"trunk {trunk} bucket {b}: sessions {res_b['corrupted_sessions']}/{res_b['sessions']} "
+                        f"trunk {trunk} bucket {b}: "
+                        f"sessions {res_b['corrupted_sessions']}/{res_b['sessions']} "
                         f"steps {res_b['corrupted_steps']}/{res_b['steps']}",
                         flush=True,
                     )
@@ -175,12 +160,14 @@ def main():
         for k, v in r["step"].items():
             bb = r["branch"].get(k, {})
             print(
-                f"trunk {trunk} {k:>9s}: step on {v['on']:.3f} off {v['off']:.3f} gain {1 - v['on'] / v['off']:+.1%} "
-                f"side {bb.get('side_ms', 0):.3f} main {bb.get('main_ms', 0):.3f} trunk {bb.get('trunk_ms', 0):.3f}",
+                f"trunk {trunk} {k:>9s}: step on {v['on']:.3f} off {v['off']:.3f} "
+                f"gain {1 - v['on'] / v['off']:+.1%} side {bb.get('side_ms', 0):.3f} "
+                f"main {bb.get('main_ms', 0):.3f} trunk {bb.get('trunk_ms', 0):.3f}",
                 flush=True,
             )
         print(
-            f"trunk {trunk}: aliases {sorted({(x['bucket'], x['second']) for x in r['aliases']})} ({time.time() - t0:.0f} s)",
+            f"trunk {trunk}: aliases {sorted({(x['bucket'], x['second']) for x in r['aliases']})} "
+            f"({time.time() - t0:.0f} s)",
             flush=True,
         )
         (out / "probe.json").write_text(json.dumps(res))

@@ -18,9 +18,7 @@ from nblib.backends.sim.rules import RULES
 from nblib.core.paths import ROOT
 from nblib.instruments import audit, audit_graph, audit_parity, audit_zoo
 
-gpu = pytest.mark.skipif(
-    not torch.cuda.is_available(), reason="needs CUDA: run on the H200 through the device tool"
-)
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 ISSUE_PATTERNS = [
     "allocator reuse after a free before the join",

@@ -106,9 +106,7 @@ def test_a_finished_recording_is_freed_by_refcount_alone(backend):
             gc.enable()
 
 
-gpu = pytest.mark.skipif(
-    not torch.cuda.is_available(), reason="needs CUDA: run on the H200 through the device tool"
-)
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
 @pytest.mark.gpu

@@ -161,26 +161,6 @@ def _same_sharing(pairs):
     return all(len(v) == 1 for v in real.values()) and all(len(v) == 1 for v in simd.values())
 
 
-def test_a_captured_trace_replays_to_the_same_sharing():
-    dev = SimDevice()
-    side = dev.Stream()
-    g = dev.CUDAGraph()
-    x = torch.randn(64, 64)
-    with dev.graph(g):
-        y = x @ x
-        side.wait_stream(dev.current_stream())
-        with dev.stream(side):
-            z = y.relu()
-        del y
-        w = x.exp()
-        dev.current_stream().wait_stream(side)
-        _out = z + w
-        del z, w
-    pairs = replay_trace([e for e in dev.allocator.log if e["pool"] == g.pool()])
-    assert _same_sharing(pairs)
-    assert [s - pairs[0][1] for _, s in pairs] == [r - pairs[0][0] for r, _ in pairs]
-
-
 GPU_TRACES = sorted(glob.glob(os.path.join(os.path.dirname(__file__), "data", "alloc_trace*.json")))
 
 
@@ -478,3 +458,51 @@ def test_recorded_cuda_trace_same_overlapping_pairs_and_the_cross_stream_alias(p
     assert {(a["bucket"], a["first"], a["second"]) for a in trace["aliases"]} >= {
         (64, "indexer.logits", "mlp.up")
     }
+
+
+# ------------------------------------------------------------------------------------------------
+# the timing model is the H200's, measured, and the indexer's duration follows this replay's contexts
+# ------------------------------------------------------------------------------------------------
+
+
+def test_the_simulator_times_replays_with_the_committed_h200_calibration():
+    import json
+
+    from nblib.backends.sim.timing import CALIBRATION, Timing
+    from nblib.core.paths import ROOT
+
+    assert CALIBRATION == ROOT / "params" / "calibration" / "h200.json"
+    rec = json.loads(CALIBRATION.read_text())
+    assert "H200" in rec["device"] and len(rec["commit"]) >= 7  # a measurement, with its provenance
+    t = SimDevice().timing
+    c = rec["timing"]
+    assert (t.latency, t.bandwidth, t.program_bandwidth, t.sigma) == (
+        c["latency_s"],
+        c["bandwidth_Bps"],
+        c["program_bandwidth_Bps"],
+        c["sigma"],
+    )
+    assert t == Timing.calibrated() and t.source == str(CALIBRATION)
+
+
+def test_the_indexers_simulated_time_follows_the_longest_request():
+    import torch
+
+    from kernels import indexer as kx
+
+    dev = SimDevice()
+    heads, dim, pages = 2, 128, 40
+    cache = torch.randn(pages, kx.PAGE, dim).to(torch.bfloat16)
+    q = torch.randn(2, heads, dim).to(torch.bfloat16)
+    w = torch.rand(2, heads)
+    table = torch.arange(pages, dtype=torch.int32).view(2, -1)
+    lens = torch.tensor([64, 64], dtype=torch.int32)
+    out = torch.empty(2, pages // 2 * kx.PAGE)
+    g = dev.CUDAGraph()
+    with dev.graph(g):
+        kx.indexer_logits_bf16(q, w, cache, table, lens, out, 1)
+    short = g.expected_seconds()
+    lens.copy_(torch.tensor([64, 1024], dtype=torch.int32))  # the static input a replay reads
+    long_ = g.expected_seconds()
+    tm = dev.timing
+    assert long_ - short == pytest.approx((1024 - 64) * dim * 2 / tm.program_bandwidth, rel=1e-9)

@@ -65,3 +65,27 @@ def get(name="auto"):
     from nblib.backends import sim  # imported lazily: the simulator is pure CPU code
 
     return sim.SimDevice()
+
+
+def cuda_graph_seconds(fn, replays, warmup=10):
+    """fn captured into a CUDA graph (after one eager warm-up on a side stream, as torch asks), then
+    `replays` replays each timed with CUDA events after `warmup` untimed ones: seconds per replay."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    for _ in range(warmup):
+        g.replay()
+    ts = []
+    for _ in range(replays):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b) * 1e-3)
+    return ts

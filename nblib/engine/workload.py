@@ -18,7 +18,6 @@ import torch
 from nblib.engine.model import PAGE
 from nblib.engine.runner import SCRATCH_SLOT, bucket_for
 
-
 CTX_DISTS = ("uniform", "loguniform")
 
 

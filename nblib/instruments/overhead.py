@@ -11,7 +11,7 @@ import statistics
 import time
 
 from nblib.engine import build
-from nblib.engine.build import full_batch  # lives in the engine; nblib.studies.fix imports it from here
+from nblib.engine.build import full_batch
 from nblib.engine.runner import Runner
 from nblib.instruments.canary import Canary
 from nblib.instruments.gediff import GEDiff

@@ -70,7 +70,7 @@ CI_MODEL = dict(
     ffn=1024,
     num_pages=1200,
     vocab=512,
-    trunk_layers=1,
+    trunk_layers=5,
     trunk_width=256,
     indexer_programs=1,
 )

@@ -21,10 +21,10 @@ import statistics
 from functools import partial
 
 from nblib.core import stats
-from nblib.engine.model import DecodeModel, ModelConfig
+from nblib.engine import build
+from nblib.engine.build import full_batch
 from nblib.engine.runner import Runner
-from nblib.engine.workload import WorkloadConfig, in_bucket, run_sessions
-from nblib.instruments.overhead import full_batch, timed, timer
+from nblib.instruments.overhead import timed, timer
 
 VARIANTS = {
     "buggy overlap": dict(overlap="on", logits_policy="transient"),
@@ -50,7 +50,7 @@ def check_variants(variants):
 
 
 def _model(dev, model, variant, index_dtype):
-    return DecodeModel(ModelConfig(**model, index_dtype=index_dtype, **VARIANTS[variant]), dev)
+    return build.model(dev, model, index_dtype=index_dtype, **VARIANTS[variant])
 
 
 def run_variant(dev, model, buckets, workload, variant, sessions=None, index_dtype="bf16", progress=print):
@@ -64,20 +64,7 @@ def run_variant(dev, model, buckets, workload, variant, sessions=None, index_dty
         # profile sized for its concurrent sessions still suffice
         chunks = [min(workload["sessions"], n - i) for i in range(0, n, workload["sessions"])]
         parts = [
-            in_bucket(
-                run_sessions(
-                    runner,
-                    WorkloadConfig(
-                        **{
-                            **workload,
-                            "sessions": c,
-                            "concurrency": b,
-                            "seed": workload.get("seed", 0) + 1000 * k,
-                        }
-                    ),
-                ),
-                b,
-            )
+            build.bucket_run(runner, workload, b, sessions=c, seed=workload.get("seed", 0) + 1000 * k).counts
             for k, c in enumerate(chunks)
         ]
         rows.append(dict(variant=variant, bucket=b, **{key: sum(p[key] for p in parts) for key in parts[0]}))
