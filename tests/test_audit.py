@@ -301,19 +301,17 @@ def test_model_configurations(dtype, overlap, policy):
             assert {h.first.name for h in hz} >= {"csi::indexer_logits_bf16", "aten::topk"}
 
 
-def test_auditing_one_ci_capture_is_fast():
-    import time
-
+def test_auditing_the_largest_ci_capture_names_the_race():
     from nblib.publish import params as P
 
     prof = P.load(P.ROOT / "params" / "ci.yaml")
     dev = SimDevice()
     m = DecodeModel(ModelConfig(**prof["model"]), dev)
-    t0 = time.perf_counter()
     with audit.recording(dev) as rec:
         Runner(m, [max(prof["buckets"])], "graph").capture(record=rec)
     rep = rec.report(names=m.captures)
-    assert time.perf_counter() - t0 < 5 and rep.seconds < 1 and not rep.ok
+    # the capture plus its audit is timed by notebook 03 (a figure it prints), not asserted here
+    assert not rep.ok, str(rep)
 
 
 # ------------------------------------------------------------------------------------------------

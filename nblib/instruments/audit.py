@@ -159,6 +159,12 @@ class Hazard:
         return "\n".join(x for x in out if x)
 
 
+HAZARD_COLUMNS = [
+    "bucket", "kind", "first_tensor", "first_op", "first_stream",
+    "second_tensor", "second_op", "second_stream", "nbytes",
+]  # fmt: skip
+
+
 def tensor_name(a):
     if a is None:
         return "persistent memory (outside the capture's pool)"

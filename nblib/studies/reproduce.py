@@ -92,6 +92,12 @@ def corruption_matrix(
     return rows, aliases
 
 
+MATRIX_COLUMNS = [
+    "index_dtype", "mode", "overlap", "bucket", "sessions", "corrupted_sessions",
+    "session_lo", "session_hi", "steps", "corrupted_steps", "step_hi",
+]  # fmt: skip
+
+
 def with_intervals(rows):
     """Add Wilson 95% bounds for the session- and step-level rates."""
     out = []
