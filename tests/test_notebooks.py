@@ -181,6 +181,16 @@ def test_notebook_03_names_the_race_where_it_corrupts_and_nowhere_else(ci_suite)
         if r["corrupted_sessions"]:
             assert "indexer.logits (side)" in r["tensors"] and "(main)" in r["tensors"]
     assert any(r["hazards"] for r in rows if r["bucket"] > 1), "the audit names the race nowhere"
+    # the transient rows are notebook 00's own replays (same commit and parameters), not a second run
+    assert res["transient_rows_from"] == "00_reproduce"
+    r0 = json.loads((ci_suite / "00_reproduce.results.json").read_text())
+    key = lambda r: (r["index_dtype"], r["overlap"], r["bucket"])
+    ran = {key(m): m["corrupted_sessions"] for m in r0["matrix"] if m["mode"] == "graph"}
+    assert {key(r): r["corrupted_sessions"] for r in rows if r["logits_policy"] == "transient"} == ran
+    # the fixes are replayed with overlap on; with overlap off nothing forks and they are not replayed
+    for r in rows:
+        if r["logits_policy"] != "transient":
+            assert (r["sessions"] is None) == (r["overlap"] == "off"), r
     h = res["hazards"][0]
     assert h["first_tensor"] == "indexer.logits" and "_logits_buffer" in h["first_alloc"]
     assert "del logits" in h["first_free"] and h["reused"]

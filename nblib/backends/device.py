@@ -18,7 +18,6 @@ class CudaDevice:
 
     def __init__(self):
         self.torch_device = torch.device("cuda", torch.cuda.current_device())
-        self.Stream = torch.cuda.Stream
         self.Event = torch.cuda.Event
         self.CUDAGraph = torch.cuda.CUDAGraph
         self.stream = torch.cuda.stream
@@ -33,6 +32,17 @@ class CudaDevice:
         return torch.cuda.get_device_name(self.torch_device)
 
     @staticmethod
+    def Stream(*args, **kwargs):  # noqa: N802  (spelled as torch.cuda.Stream, which it replaces)
+        """A new side stream that is neither the capture stream nor the current one.
+
+        torch.cuda.Stream() hands out streams round robin from a fixed pool (32 per priority), so
+        after enough draws a "side" stream is the very stream torch.cuda.graph captures on: the
+        planned overlap silently becomes one serial stream, and a race in the code is not a race
+        in the graph (tests/test_device.py shows it on the GPU)."""
+        new = lambda: torch.cuda.Stream(*args, **kwargs)  # noqa: E731
+        return distinct_stream(new, torch.cuda.graph, torch.cuda.current_stream)
+
+    @staticmethod
     def record_stream(t, stream):
         """t.record_stream(stream), spelled the same on both backends (CPU tensors have none)."""
         t.record_stream(stream)
@@ -43,6 +53,18 @@ class CudaDevice:
 
     def memory_snapshot(self):
         return torch.cuda.memory._snapshot()
+
+
+def distinct_stream(new_stream, graph_cls, current_stream, tries=64):
+    """new_stream() until it differs from the graph class's capture stream and the current stream."""
+    if graph_cls.default_capture_stream is None:  # torch creates it lazily at the first capture
+        graph_cls.default_capture_stream = new_stream()
+    taken = {graph_cls.default_capture_stream.cuda_stream, current_stream().cuda_stream}
+    for _ in range(tries):
+        s = new_stream()
+        if s.cuda_stream not in taken:
+            return s
+    raise RuntimeError(f"no side stream distinct from the capture stream in {tries} draws from torch's pool")
 
 
 def has_cuda():

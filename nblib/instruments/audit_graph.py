@@ -199,18 +199,23 @@ def from_cuda(handle):
 
 
 def _edges(cu, graph):
-    """cuGraphGetEdges; where it refuses (edges with data: CUDA_ERROR_LOSSY_QUERY), its _v2."""
+    """cuGraphGetEdges; where it refuses (edges with data: CUDA_ERROR_LOSSY_QUERY), its _v2. A graph
+    with no edge (two unordered kernels, the simplest race) is answered by the count alone: the
+    driver refuses a fill call for zero edges with CUDA_ERROR_INVALID_VALUE (measured on the H200)."""
+    errors = []
     for name, extra in (("cuGraphGetEdges", ()), ("cuGraphGetEdges_v2", (None,))):
         try:
             m = ctypes.c_size_t(0)
             cu(name, graph, None, None, *extra, ctypes.byref(m))
+            if m.value == 0:
+                return []
             src, dst = (ctypes.c_void_p * m.value)(), (ctypes.c_void_p * m.value)()
-            cu(name, graph, src, dst, *extra, ctypes.byref(m))
+            data = ((ctypes.c_uint8 * 8 * m.value)(),) if extra else ()  # _v2: CUgraphEdgeData each
+            cu(name, graph, src, dst, *data, ctypes.byref(m))
             return list(zip(src, dst))
-        except GraphReadError:
-            if name.endswith("_v2"):
-                raise
-    return []
+        except GraphReadError as e:
+            errors.append(str(e))
+    raise GraphReadError("; ".join(errors))
 
 
 def _read_node(cu, i, h):

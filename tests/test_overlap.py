@@ -1,0 +1,73 @@
+"""Notebook 03 reuses notebook 00's replays only when they are the same runs it would make."""
+
+import json
+
+import pytest
+
+from nblib.studies import overlap
+
+MODEL = {"heads": 4, "dim": 128}
+WORKLOAD = {"sessions": 4, "rounds": 1}
+ROWS = [
+    dict(index_dtype="bf16", mode="graph", overlap="on", bucket=2, corrupted_sessions=1, sessions=4),
+    dict(index_dtype="bf16", mode="eager", overlap="on", bucket=2, corrupted_sessions=0, sessions=4),
+]
+
+
+def _write(tmp_path, **change):
+    r = dict(
+        status="ok",
+        commit="abc",
+        params=dict(
+            model=MODEL,
+            buckets=[1, 2],
+            workload=WORKLOAD,
+            seed=0,
+            logits_policy="transient",
+            modes=["graph", "eager"],
+            index_dtypes=["bf16", "fp8"],
+            overlaps=["on", "off"],
+        ),
+        matrix=ROWS,
+    )
+    r.update(change)
+    (tmp_path / "00_reproduce.results.json").write_text(json.dumps(r))
+
+
+def _read(tmp_path, model=MODEL, policy="transient"):
+    wl = {**WORKLOAD, "seed": 0}
+    return overlap.measured_matrix(tmp_path, model, [1, 2], wl, ["bf16"], ["on", "off"], policy)
+
+
+@pytest.fixture
+def at_commit(monkeypatch):
+    monkeypatch.setenv("NBLIB_COMMIT", "abc")
+
+
+def test_the_same_commit_and_parameters_give_00s_graph_rows(tmp_path, at_commit):
+    _write(tmp_path)
+    assert _read(tmp_path) == ROWS[:1]
+
+
+@pytest.mark.parametrize(
+    "change",
+    [dict(status="running"), dict(commit="def"), dict(params=dict(model=MODEL))],
+    ids=["not finished", "another commit", "other parameters"],
+)
+def test_any_difference_means_replay(tmp_path, at_commit, change):
+    _write(tmp_path, **change)
+    assert _read(tmp_path) is None
+
+
+def test_other_model_or_policy_or_no_file_means_replay(tmp_path, at_commit):
+    assert _read(tmp_path) is None
+    _write(tmp_path)
+    assert _read(tmp_path, model={**MODEL, "heads": 8}) is None
+    assert _read(tmp_path, policy="persistent") is None
+
+
+def test_an_unknown_commit_is_never_taken_for_the_same(tmp_path, monkeypatch):
+    monkeypatch.setenv("NBLIB_COMMIT", "unknown")
+    monkeypatch.setattr(overlap.results, "commit", lambda: "unknown")
+    _write(tmp_path, commit="unknown")
+    assert _read(tmp_path) is None
