@@ -18,6 +18,7 @@ import yaml
 
 from nblib.backends import device
 from nblib.backends.device import cuda_graph_seconds
+from nblib.core import results
 from nblib.engine.model import PAGE, DecodeModel, ModelConfig
 from nblib.engine.runner import Runner
 from nblib.engine.workload import WorkloadConfig, run_sessions
@@ -74,7 +75,12 @@ def main():
     )
     wl = json.loads(a.workload)
     res = dict(
-        device=torch.cuda.get_device_name(), torch=torch.__version__, base=base, workload=wl, trunks={}
+        device=torch.cuda.get_device_name(),
+        torch=torch.__version__,
+        commit=results.commit(),
+        base=base,
+        workload=wl,
+        trunks={},
     )
 
     for layers_spec, progs in [(tr, p) for p in a.programs for tr in a.trunks]:
