@@ -273,15 +273,32 @@ def markdown(res):
             r["cuda"][:90],
             r["cuda_rule"],
             r["sim_rule"],
-            r["same"],
+            "documented difference" if r["documented_difference"] and not r["same"] else r["same"],
+            r["cuda_reports"],
+            r["as_documented"],
             r["cuda_captures_again"],
         )
         for r in res["parity"]
     ]
     lines += ["", "## Parity", ""]
     lines += md_table(
-        ("rule", "case", "CUDA", "CUDA rule", "sim rule", "same", "CUDA captures again"), parity_rows
+        (
+            "rule",
+            "case",
+            "CUDA",
+            "CUDA rule",
+            "sim rule",
+            "same",
+            "CUDA reports it",
+            "as the rules say",
+            "CUDA captures again",
+        ),
+        parity_rows,
     )
+    notes = sorted(
+        {(r["rule"], r["documented_difference"]) for r in res["parity"] if r["documented_difference"]}
+    )
+    lines += ["", *(f"- {rule}: {text}" for rule, text in notes)]
     lines += ["", "## Root cause", "", "```", json.dumps(res["rootcause"], indent=1), "```", ""]
     return "\n".join(lines)
 

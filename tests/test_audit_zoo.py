@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from nblib.backends.sim import SimCaptureError, SimDevice
-from nblib.backends.sim.rules import RULES
+from nblib.backends.sim.rules import AT_CALL, AT_NEXT_CALL, EAGER, RULES
 from nblib.core.paths import ROOT
 from nblib.instruments import audit, audit_graph, audit_parity, audit_zoo
 
@@ -126,6 +126,8 @@ def test_the_cross_check_can_disagree(sim_rows):
 
 
 def test_every_parity_case_breaks_its_rule_on_the_simulator_and_leaves_no_sticky_state():
+    """Every forbidden case fails naming its rule; where CUDA reports the rule at the next call
+    (the capture invalidated), so does the simulator: the error is "invalidated", its cause the rule."""
     rows = audit_parity.run(SimDevice())
     assert {r.rule for r in rows} >= set(RULES) - {"invalidated", "unsupported_op"}
     for r in rows:
@@ -135,7 +137,63 @@ def test_every_parity_case_breaks_its_rule_on_the_simulator_and_leaves_no_sticky
             assert (
                 r.outcome == "error" and r.error.startswith("SimCaptureError") and r.named_rule == r.rule
             ), r
+            at_next = RULES[r.rule].reported == AT_NEXT_CALL
+            assert r.error_rule == ("invalidated" if at_next else r.rule), r
         assert r.captures_again, r
+    assert {r.rule for r in rows if r.error_rule == "invalidated"} == {"merge", "graph_destroyed"}
+
+
+def test_a_wait_on_an_event_of_another_capture_fails_at_the_next_call():
+    """As measured on the H200: the wait itself is accepted; it invalidates the capture, and the next
+    captured op fails with 'invalidated'. The simulator's error keeps the cause: the audit names merge."""
+    dev = SimDevice()
+    x, ev, waited = torch.ones(8), dev.Event(), []
+    g1 = dev.CUDAGraph()
+    with dev.graph(g1):
+        x.mul_(2)
+        ev.record()
+    with (
+        pytest.raises(SimCaptureError, match="capture broke") as err,
+        dev.graph(dev.CUDAGraph(), pool=g1.pool()),
+    ):
+        dev.current_stream().wait_event(ev)
+        waited.append(True)
+        x.add_(1)
+    assert waited and err.value.rule == "invalidated" and err.value.cause == "merge"
+    assert "aten.add_" in str(err.value) and audit.rule_of(err.value) == "merge"
+    with pytest.raises(SimCaptureError) as err, dev.graph(dev.CUDAGraph(), pool=g1.pool()):
+        dev.current_stream().wait_event(ev)  # and nothing after it: capture_end fails
+    assert err.value.rule == "invalidated" and err.value.cause == "merge"
+    assert "capture_end" in str(err.value)
+
+
+def test_the_parity_table_compares_the_kind_of_failure():
+    """CUDA's 'invalidated' matches the simulator's invalidated error where the rule is reported at
+    the next call, and nowhere else; work CUDA runs eagerly is a documented difference."""
+    sim = {r.case: r for r in audit_parity.run(SimDevice())}
+
+    def cuda(case, outcome, named):
+        error = "AcceleratorError: CUDA error: ..." if named else ""
+        return audit_parity.Row(
+            case, sim[case].rule, "cuda", outcome, error, named, named, captures_again=True
+        )
+
+    merge, sync = "wait_on_an_event_of_an_earlier_capture", "device_synchronize"
+    eager = ("work_on_the_default_stream", "work_on_a_stream_that_never_joined")
+    rows = [
+        cuda(merge, "error", "invalidated"),
+        cuda(sync, "error", "invalidated"),
+        *(cuda(c, "ok", "") for c in eager),
+    ]
+    t = {r["case"]: r for r in audit_parity.table([sim[c] for c in (merge, sync, *eager)], rows)}
+    assert t[merge]["same"] and t[merge]["as_documented"] and t[merge]["cuda_reports"] == AT_NEXT_CALL
+    assert not t[sync]["same"] and not t[sync]["as_documented"] and not t[sync]["documented_difference"]
+    for c in eager:
+        assert not t[c]["same"] and t[c]["as_documented"] and "eagerly" in t[c]["documented_difference"]
+    t = audit_parity.table([sim[merge]], [cuda(merge, "error", "merge")])  # at the call: the same too
+    assert t[0]["same"] and t[0]["as_documented"]
+    at_the_wait = audit_parity.Row(merge, "merge", "sim", "error", "SimCaptureError: ...", "merge", "merge")
+    assert not audit_parity.table([at_the_wait], [cuda(merge, "error", "invalidated")])[0]["same"]
 
 
 def test_a_caught_violation_still_fails_the_capture_at_its_end():
@@ -291,11 +349,15 @@ def test_parity_cases_on_cuda_fail_as_the_rules_say_and_leave_no_sticky_state():
     from nblib.backends.device import get
 
     for r in audit_parity.run(get("cuda")):
-        if r.rule == "legal":
+        reported = RULES[r.rule].reported if r.rule in RULES else None
+        if r.rule == "legal" or reported == EAGER:  # EAGER: CUDA runs that work outside the graph
             assert r.outcome == "ok", r
-        elif r.rule != "uncaptured_stream":  # CUDA runs that work eagerly, outside the graph
-            assert r.outcome == "error" and r.named_rule == r.rule, r
+        elif reported == AT_NEXT_CALL:  # the call is accepted; the next one fails, "invalidated"
+            assert r.outcome == "error" and r.named_rule in (r.rule, "invalidated"), r
+        else:
+            assert reported == AT_CALL and r.outcome == "error" and r.named_rule == r.rule, r
         assert r.captures_again, r
+        assert audit_parity.as_documented(r), r
 
 
 def test_the_gpu_script_runs_end_to_end_on_the_simulator(tmp_path):

@@ -4,9 +4,16 @@
 
 Each case breaks one rule of stream capture (nblib.backends.sim.rules) inside an otherwise legal
 capture, through the device facade, so the same code runs on both backends. The runner records
-whether the capture failed, the error's kind and first line, the rule the audit names for it, and
+whether the capture failed, the error's kind and first line, the rule the error itself names
+("invalidated" where an earlier call broke the capture), the rule the audit names for it, and
 whether the process captures (and replays) a legal graph right afterwards: no sticky state.
 scripts/gpu_audit_zoo.py runs the cases on the H200; the table puts both columns side by side.
+
+What CUDA does is recorded per rule (Rule.reported): most illegal calls fail at the call; some
+(merge, graph_destroyed) are accepted and only invalidate the capture, so the next call fails with
+"invalidated" (the simulator does the same, and its error keeps the cause); work on a stream outside
+the capture (uncaptured_stream, legacy) CUDA runs eagerly, outside the graph, without an error,
+where the simulator refuses it: a documented difference.
 """
 
 import contextlib
@@ -19,6 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
+from nblib.backends.sim.rules import AT_NEXT_CALL, EAGER, RULES
 from nblib.instruments import audit
 
 N = 1024
@@ -130,6 +138,7 @@ def wait_stream_on_a_stream_outside_the_capture(dev):
 
 @case("merge")
 def wait_on_an_event_of_an_earlier_capture(dev):
+    """CUDA accepts the wait and invalidates the capture: x.add_ fails, "invalidated"."""
     x, ev = _x(dev), dev.Event()
 
     def first():
@@ -159,6 +168,8 @@ def side_stream_not_joined(dev):
 
 @case("legacy")
 def work_on_the_default_stream(dev):
+    """CUDA captures without an error: torch's streams are non-blocking, so the add runs eagerly
+    on the legacy stream, outside the graph (measured on the H200); the simulator refuses it."""
     x = _x(dev)
 
     def body():
@@ -171,6 +182,7 @@ def work_on_the_default_stream(dev):
 
 @case("uncaptured_stream")
 def work_on_a_stream_that_never_joined(dev):
+    """CUDA captures without an error: the add runs eagerly, outside the graph."""
     x, other = _x(dev), dev.Stream()
 
     def body():
@@ -254,7 +266,8 @@ class Row:
     backend: str
     outcome: str  # "ok" | "error"
     error: str = ""  # the error's type and first line
-    named_rule: str = ""  # the rule the audit names for that error
+    error_rule: str = ""  # the rule the first error names itself ("invalidated": a call before broke it)
+    named_rule: str = ""  # the rule the audit names for that error (an invalidated one: its cause)
     warnings: str = ""  # warnings raised meanwhile (torch's CUDA warnings: e.g. in a destructor)
     captures_again: bool = None  # a legal capture right afterwards captures and replays
 
@@ -293,6 +306,14 @@ def stderr_lines():
             lines.extend(x.strip() for x in tmp.read().splitlines() if x.strip())
 
 
+def error_rule(e):
+    """The rule the first error of the chain names by itself, without an invalidated error's cause
+    or torch's warnings: "invalidated" where the call that failed was not the one that broke the
+    capture."""
+    chain = audit._chain(e)
+    return next((r for r in map(audit._rule_of_one, reversed(chain)) if r), "")
+
+
 def _first_line(e):
     text = str(e).strip()
     return f"{type(e).__name__}: {text.splitlines()[0] if text else ''}"[:300]
@@ -313,6 +334,7 @@ def run_one(dev, c):
     warned = [str(w.message).splitlines()[0] for w in caught] + err
     if failure is not None:
         row.named_rule = audit.rule_of(failure, warned) or ""
+        row.error_rule = error_rule(failure)
     # drop the error now: its traceback holds this frame, which holds it (a cycle), and the case's
     # frames, whose graphs would then wait for the collector, which may run inside a later capture
     failure = None
@@ -329,12 +351,49 @@ def run(dev, cases=None):
     return [run_one(dev, c) for c in CASES if cases is None or c.name in cases]
 
 
+def same_failure(s, c):
+    """The simulator's row `s` and CUDA's row `c` of one case fail the same way: the same outcome,
+    and the same rule named, or CUDA's "invalidated" where the rule is one CUDA reports at the next
+    call and the simulator's error is the invalidated one that rule caused."""
+    if c.outcome != s.outcome:
+        return False
+    if c.named_rule == s.named_rule:
+        return True
+    rule = RULES.get(s.rule)
+    return (
+        rule is not None
+        and rule.reported == AT_NEXT_CALL
+        and c.named_rule == "invalidated"
+        and s.error_rule == "invalidated"
+        and s.named_rule == s.rule
+    )
+
+
+def as_documented(c):
+    """CUDA's row `c` does what the rules record: a legal case captures; a rule CUDA never reports
+    (it runs the work eagerly) captures too; any other fails naming its rule, or "invalidated"
+    where CUDA reports the rule at the next call. And the process captures again afterwards."""
+    rule = RULES.get(c.rule)
+    if c.rule == "legal" or (rule is not None and rule.reported == EAGER):
+        ok = c.outcome == "ok"
+    else:
+        names = {c.rule, "invalidated"} if rule is not None and rule.reported == AT_NEXT_CALL else {c.rule}
+        ok = c.outcome == "error" and c.named_rule in names
+    return ok and bool(c.captures_again)
+
+
 def table(sim_rows, cuda_rows):
-    """Rows of the parity table: rule, case, what CUDA did, what the simulator did, the same?"""
+    """Rows of the parity table: rule, case, what CUDA did, what the simulator did, the same kind of
+    failure? (same_failure), when CUDA reports the rule, and for a rule CUDA never reports (it runs
+    the work eagerly, outside the graph, where the simulator refuses it) the documented difference.
+    as_documented: CUDA's row does what the rules record (None where the CUDA column is not CUDA's,
+    as in the dry run on the simulator)."""
     cuda = {r.case: r for r in cuda_rows}
     out = []
     for s in sim_rows:
         c = cuda.get(s.case)
+        rule = RULES.get(s.rule)
+        reported = rule.reported if rule else ""
         out.append(
             dict(
                 case=s.case,
@@ -345,7 +404,12 @@ def table(sim_rows, cuda_rows):
                 sim=s.error or "captured",
                 sim_rule=s.named_rule,
                 sim_captures_again=s.captures_again,
-                same=(c is not None and c.outcome == s.outcome and c.named_rule == s.named_rule),
+                same=c is not None and same_failure(s, c),
+                cuda_reports=reported,
+                documented_difference=(
+                    f"CUDA: {rule.cuda_error}; the simulator refuses it" if reported == EAGER else ""
+                ),
+                as_documented=as_documented(c) if c is not None and c.backend == "cuda" else None,
             )
         )
     return out

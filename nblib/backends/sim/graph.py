@@ -10,7 +10,7 @@ import numpy as np
 
 from nblib.backends.sim.capture import Capture, CaptureMode
 from nblib.backends.sim.ops import warm_up_dispatch_modes
-from nblib.backends.sim.rules import Broken, SimCaptureError, violation
+from nblib.backends.sim.rules import SimCaptureError, invalidate, violation
 from nblib.backends.sim.timing import schedule
 
 
@@ -168,5 +168,4 @@ class GraphCtx:
 
 def _destroyed(dev):
     """A captured graph died (CUDA: cudaGraphExecDestroy). Inside another capture that breaks it."""
-    if dev._cap is not None and dev._cap.invalid is None:
-        dev._cap.invalid = Broken("graph_destroyed", "a captured graph was destroyed while capturing")
+    invalidate(dev, "graph_destroyed", "a captured graph was destroyed while capturing")

@@ -5,7 +5,7 @@ merges one frontier into another. Every sync is logged as a Sync record for the 
 
 from typing import NamedTuple
 
-from nblib.backends.sim.rules import violation
+from nblib.backends.sim.rules import invalidate, violation
 
 
 class Sync(NamedTuple):
@@ -41,8 +41,12 @@ class SimStream:
             cap.frontier[self] = union(cap.frontier.get(self), event._deps)
             cap.syncs.append(Sync("wait_event", self, event, len(cap.nodes)))
         elif cap is not None and self in cap.frontier and event._recorded:
-            rule = "merge" if event._cap is not None else "isolation"
-            raise violation(self.dev, rule, f"{self.name} waits on an event recorded outside this capture")
+            if event._cap is None:
+                raise violation(
+                    self.dev, "isolation", f"{self.name} waits on an event recorded outside the capture"
+                )
+            # recorded in another capture: as on CUDA, the wait is accepted and the capture broken
+            invalidate(self.dev, "merge", f"{self.name} waited on an event recorded in another capture")
 
     def record_event(self, event=None):
         event = event or SimEvent(self.dev)
