@@ -69,8 +69,9 @@ def main():
     out.mkdir(parents=True, exist_ok=True)
     dev = device.get("cuda")
     prof = yaml.safe_load(Path("params/gpu.yaml").read_text())
+    shape_keys = ("trunk_layers", "trunk_width", "indexer_programs")  # set per probed trunk below
     base = dict(
-        prof["model"],
+        {k: v for k, v in prof["model"].items() if k not in shape_keys},
         num_pages=max(prof["model"]["num_pages"], 1 + max(a.buckets) * max(a.ctxs) // PAGE + 64, 30000),
     )
     wl = json.loads(a.workload)
