@@ -148,24 +148,14 @@ def rootcause(backend):
 
 
 def zoo(dev):
-    from nblib.instruments import audit_graph, audit_zoo
+    from nblib.instruments import audit_zoo
 
     t0 = time.perf_counter()
     rows = audit_zoo.run(dev, keep_graph=True)
     out = []
     for r in rows:
         d = r.as_dict()
-        checks = []
-        if r.report is not None:
-            for tr, (g, _) in zip(r.report.traces, r.graphs):
-                hz = [h for h in r.report.hazards if h.label is tr.label]
-                try:
-                    cc = audit_graph.crosscheck(tr, hz, audit_graph.read_graph(g))
-                    checks.append(
-                        dict(cc.row(), missed_pairs=cc.missed[:5], contradicted_pairs=cc.contradicted[:5])
-                    )
-                except Exception as e:
-                    checks.append(dict(error=f"{type(e).__name__}: {e}"))
+        checks = audit_zoo.graph_check(r)
         d["graph_check"] = checks
         d["graph_agrees"] = bool(checks) and all(c.get("agree") for c in checks)
         out.append(d)

@@ -181,6 +181,17 @@ def test_notebook_03_names_the_race_where_it_corrupts_and_nowhere_else(ci_suite)
         if r["corrupted_sessions"]:
             assert "indexer.logits (side)" in r["tensors"] and "(main)" in r["tensors"]
     assert any(r["hazards"] for r in rows if r["bucket"] > 1), "the audit names the race nowhere"
+    # the graphs as built agree with the audit: every forked capture, and every zoo scenario
+    graph = res["graph_check"]
+    assert {(r["logits_policy"], r["index_dtype"]) for r in graph} == {
+        (p, d) for p in LOGITS_POLICIES for d in ("bf16", "fp8")
+    }
+    assert all(r["agree"] and r["source"] == "simulator" for r in graph), graph
+    bug = [r for r in graph if r["logits_policy"] == "transient" and r["index_dtype"] == "bf16"]
+    assert any(r["confirmed"] for r in bug)
+    assert not any(r["hazards"] or r["missed"] for r in graph if r["logits_policy"] != "transient")
+    assert len(res["zoo"]) >= 40 and all(z["right"] and z["graph_agrees"] for z in res["zoo"])
+    assert "DISAGREE" not in res["graph_verdict"] and "failed" not in res["graph_verdict"]
     # the transient rows are notebook 00's own replays (same commit and parameters), not a second run
     assert res["transient_rows_from"] == "00_reproduce"
     r0 = json.loads((ci_suite / "00_reproduce.results.json").read_text())

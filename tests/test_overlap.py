@@ -71,3 +71,22 @@ def test_an_unknown_commit_is_never_taken_for_the_same(tmp_path, monkeypatch):
     monkeypatch.setattr(overlap.results, "commit", lambda: "unknown")
     _write(tmp_path, commit="unknown")
     assert _read(tmp_path) is None
+
+
+def _graph_row(agree=True, hazards=1, confirmed=1, missed=0, bucket=8, error=None):
+    row = dict(logits_policy="transient", index_dtype="bf16", overlap="on", bucket=bucket)
+    if error:
+        return dict(row, agree=None, error=error)
+    return dict(row, hazards=hazards, source="CUDA driver", confirmed=confirmed, missed=missed, agree=agree)
+
+
+def test_the_graph_verdict_names_a_disagreement_and_a_blocked_route():
+    zoo = [dict(right=True, graph_agrees=True, graph_error="")]
+    ok = overlap.graph_verdict([_graph_row(), _graph_row(hazards=0, confirmed=0, bucket=2)], zoo)
+    assert ok.startswith("the graphs as built (CUDA driver) agree with the audit in 2 of 2")
+    assert "DISAGREE" not in ok
+    bad = overlap.graph_verdict([_graph_row(agree=False, missed=3, bucket=24)], zoo)
+    assert "in 0 of 1 forked" in bad and "3 unordered" in bad
+    assert "DISAGREE at transient/bf16/bucket 24" in bad
+    blocked = overlap.graph_verdict([_graph_row(error="cuGraphGetEdges returned 1")], zoo)
+    assert "none read" in blocked and "Reading the graph failed: cuGraphGetEdges returned 1" in blocked

@@ -66,9 +66,10 @@ class Runner:
         self.static = {b: StaticBatch(b, self.max_pages, self.dev.torch_device) for b in self.buckets}
         self.graphs = {}
 
-    def capture(self, record=None):
+    def capture(self, record=None, keep_graph=False):
         """Warm up each bucket eagerly, then capture largest first into one shared pool.
-        `record(bucket)`, if given, is a context manager wrapped around each capture (tracing)."""
+        `record(bucket)`, if given, is a context manager wrapped around each capture (tracing).
+        keep_graph: keep CUDA's graph after instantiation, so it can be read back (audit_graph)."""
         if self.mode != "graph":
             return self
         dev, model = self.dev, self.model
@@ -83,7 +84,7 @@ class Runner:
                 model.step(*st.args())
             dev.current_stream().wait_stream(warm)
             dev.synchronize()
-            g = dev.CUDAGraph()
+            g = dev.CUDAGraph(keep_graph=keep_graph)
             model.bucket = b
             with record(b) if record else contextlib.nullcontext(), dev.graph(g, pool=self.pool):
                 out, topk = model.step(*st.args())

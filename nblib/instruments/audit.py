@@ -265,6 +265,7 @@ class Report:
     result: object = None  # audit_capture: what fn returned (the capture's static outputs)
     graph: object = None  # audit_capture: the captured graph
     notes: list = field(default_factory=list)
+    graph_rows: list = field(default_factory=list)  # the cross-check with the built graphs, if made
 
     @property
     def ok(self):

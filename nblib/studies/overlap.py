@@ -18,20 +18,80 @@ from nblib.core import results
 from nblib.engine import build
 from nblib.engine.model import LOGITS_POLICIES, check_choice
 from nblib.engine.runner import Runner
-from nblib.instruments import audit
+from nblib.instruments import audit, audit_graph, audit_zoo
 from nblib.studies import reproduce
 
 
-def audit_model(dev, model, buckets, index_dtype, overlap, logits_policy):
+def audit_model(dev, model, buckets, index_dtype, overlap, logits_policy, keep_graph=False):
     """Capture every bucket of one configuration under the recorder; returns (report, runner, trace
-    seconds). The runner's graphs are the audited ones (replay them for a timeline)."""
+    seconds). The runner's graphs are the audited ones (replay them for a timeline); keep_graph keeps
+    CUDA's graphs readable for graph_rows."""
     m = build.model(dev, model, index_dtype=index_dtype, overlap=overlap, logits_policy=logits_policy)
     runner = Runner(m, buckets, "graph")
     t0 = time.perf_counter()
     with audit.recording(dev) as rec:
-        runner.capture(record=rec)
+        runner.capture(record=rec, keep_graph=keep_graph)
     seconds = time.perf_counter() - t0
     return rec.report(names=m.captures), runner, seconds
+
+
+def graph_rows(rep, runner, config):
+    """The audit against the graphs actually built (nblib.instruments.audit_graph), one row per
+    bucket: hazards the graph confirms (no path between the two ops' nodes) or contradicts, unordered
+    overlapping pairs the audit missed, audited ops the graph lacks."""
+    graphs = [runner.graphs[tr.label["bucket"]][0] for tr in rep.traces]
+    rows = []
+    for tr, g in zip(rep.traces, graphs):
+        row = dict(config, bucket=tr.label["bucket"])
+        hz = [h for h in rep.hazards if h.label is tr.label]
+        try:
+            cc = audit_graph.crosscheck(tr, hz, audit_graph.read_graph(g))
+        except audit_graph.GraphReadError as e:  # the route is blocked on this driver: say which call
+            rows.append(dict(row, agree=None, error=str(e)))
+            continue
+        rows.append(dict(row, hazards=len(hz), **cc.row()))
+    return rows
+
+
+GRAPH_COLUMNS = ["logits_policy", "index_dtype", "bucket", "hazards", "nodes", "confirmed"]
+GRAPH_COLUMNS += ["contradicted", "missed", "lacking", "agree"]
+
+
+def graph_verdict(graph, zoo):
+    """One sentence: do the graphs actually built agree with the audit, on the model and on the zoo?"""
+    errors = sorted(
+        {r["error"] for r in graph if r.get("error")} | {z["graph_error"] for z in zoo if z["graph_error"]}
+    )
+    read = [r for r in graph if r.get("agree") is not None]
+    off = [r for r in read if not r["agree"]]
+    bug = [r for r in read if r["hazards"]]
+    s = (
+        f"the graphs as built ({read[0]['source'] if read else 'none read'}) agree with the audit in "
+        f"{len(read) - len(off)} of {len(read)} forked captures: {sum(r['confirmed'] for r in bug)} hazard "
+        f"pair(s) confirmed unordered in {len(bug)} capture(s) with a race, "
+        f"{sum(r['missed'] for r in read)} unordered overlapping pair(s) the audit missed"
+    )
+    if off:
+        s += "; they DISAGREE at " + ", ".join(
+            f"{r['logits_policy']}/{r['index_dtype']}/bucket {r['bucket']}" for r in off
+        )
+    right, agree = sum(z["right"] for z in zoo), sum(z["graph_agrees"] for z in zoo)
+    s += f". The zoo: the audit right on {right} of {len(zoo)} scenarios, the graph agreeing on {agree}."
+    if errors:
+        s += " Reading the graph failed: " + "; ".join(errors[:3]) + "."
+    return s
+
+
+def zoo_rows(dev):
+    """The audit's zoo (planted races and their twins) audited and read back, one row per scenario."""
+    out = []
+    for r in audit_zoo.run(dev, keep_graph=True):
+        checks = audit_zoo.graph_check(r)
+        d = {k: r.as_dict()[k] for k in ("case", "variant", "expected", "reported", "right")}
+        d["graph_agrees"] = bool(checks) and all(c.get("agree") for c in checks)
+        d["graph_error"] = "; ".join(c["error"] for c in checks if "error" in c)
+        out.append(d)
+    return out
 
 
 def _pair(r):
@@ -83,8 +143,12 @@ def toggles(
                 matrix, _ = reproduce.corruption_matrix(*args, progress=progress)
         for dtype in index_dtypes:
             for ov in overlaps:
-                rep, runner, cap_s = audit_model(dev, model, buckets, dtype, ov, policy)
+                keep = ov == "on"  # the forked captures are read back and cross-checked
+                rep, runner, cap_s = audit_model(dev, model, buckets, dtype, ov, policy, keep_graph=keep)
                 reports[(policy, dtype, ov)] = rep
+                if ov == "on":
+                    config = dict(logits_policy=policy, index_dtype=dtype, overlap=ov)
+                    rep.graph_rows = graph_rows(rep, runner, config)
                 by_bucket = rep.by("bucket")
                 mine = [r for r in matrix if r["index_dtype"] == dtype and r["overlap"] == ov]
                 blank = dict(sessions=None, corrupted_sessions=None, steps=None)  # not replayed

@@ -3,7 +3,7 @@
 import traceback
 from dataclasses import dataclass, field
 
-from nblib.instruments import audit
+from nblib.instruments import audit, audit_graph
 from nblib.instruments.audit_zoo.base import CASES
 
 
@@ -79,6 +79,23 @@ def run_one(dev, c, racy, keep_graph=False):
     row.kinds = sorted({h.kind for h in rep.hazards})
     row.reported = "race" if rep.hazards else "clean"
     return row
+
+
+def graph_check(row):
+    """The row's audited graphs read back (CUDA's driver, or the simulator's nodes) and cross-checked
+    with its report: one dict per capture, CrossCheck.row() or the error that stopped the reading."""
+    checks = []
+    if row.report is None:
+        return checks
+    for tr, (g, _) in zip(row.report.traces, row.graphs):
+        hz = [h for h in row.report.hazards if h.label is tr.label]
+        try:
+            cc = audit_graph.crosscheck(tr, hz, audit_graph.read_graph(g))
+        except Exception as e:  # a graph the driver will not hand over is this row's finding, not the end
+            checks.append(dict(error=f"{type(e).__name__}: {e}"))
+            continue
+        checks.append(dict(cc.row(), missed_pairs=cc.missed[:5], contradicted_pairs=cc.contradicted[:5]))
+    return checks
 
 
 def run(dev, cases=None, keep_graph=False):
