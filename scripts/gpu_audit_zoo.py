@@ -163,27 +163,25 @@ def zoo(dev):
 
 
 def model_audit(dev):
-    """The decode model's configurations audited after everything above, in the same process."""
-    from nblib.engine.model import DecodeModel, ModelConfig
-    from nblib.engine.runner import Runner
-    from nblib.instruments import audit
+    """The decode model's configurations audited after everything above, in the same process, and
+    each audited capture read back and cross-checked with the graph as built (studies.overlap)."""
+    from nblib.studies import overlap
 
     tiny = dict(heads=4, dim=32, topk=16, max_ctx=1024, d_model=256, ffn=1024, num_pages=64, vocab=512)
+    tiny.update(trunk_layers=2, trunk_width=256, indexer_programs=1)
     rows = []
-    for dtype, overlap, policy in (
-        ("bf16", "on", "transient"),
-        ("bf16", "on", "record_stream"),
-        ("fp8", "on", "transient"),
+    for dtype, policy in (
+        ("bf16", "transient"),
+        ("bf16", "record_stream"),
+        ("bf16", "persistent"),
+        ("fp8", "transient"),
     ):
-        row = dict(index_dtype=dtype, overlap=overlap, logits_policy=policy)
+        row = dict(index_dtype=dtype, overlap="on", logits_policy=policy)
         try:
-            m = DecodeModel(
-                ModelConfig(**tiny, index_dtype=dtype, overlap=overlap, logits_policy=policy), dev
-            )
-            with audit.recording(dev) as rec:
-                Runner(m, [2, 8], "graph").capture(record=rec)
-            rep = rec.report(names=m.captures)
+            rep, runner, _ = overlap.audit_model(dev, tiny, [2, 8], dtype, "on", policy, keep_graph=True)
+            graph = overlap.graph_rows(rep, runner, {})
             row.update(captured=len(rep.traces), incomplete=rep.incomplete, hazards=len(rep.hazards))
+            row.update(graph=graph, graph_agrees=bool(graph) and all(g.get("agree") for g in graph))
         except Exception as e:
             row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0]}"
         rows.append(row)
