@@ -49,7 +49,9 @@ def graph_rows(rep, runner, config):
         except audit_graph.GraphReadError as e:  # the route is blocked on this driver: say which call
             rows.append(dict(row, agree=None, error=str(e)))
             continue
-        rows.append(dict(row, hazards=len(hz), **cc.row()))
+        rows.append(
+            dict(row, hazards=len(hz), **cc.row(), lacking_ops=cc.lacking[:8], missed_pairs=cc.missed[:4])
+        )
     return rows
 
 
