@@ -33,7 +33,7 @@ test: lint
 	$(PY) -m pytest -q
 
 bench: .venv/.stamp
-	$(PY) -m kernels.indexer --bench --out outputs/bench
+	$(PY) -m kernels --check --bench --out outputs/bench
 
 # The venv's own python3 kernel runs the notebooks: the same packages as `make suite` and `make test`.
 # Containers often run as root, which JupyterLab refuses unless told.
