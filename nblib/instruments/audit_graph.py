@@ -52,6 +52,7 @@ class GraphNode:
     kind: str  # kernel | memcpy | memset | empty | event_record | ...
     name: str
     pointers: list  # device addresses found in its parameters
+    params_read: int = -1  # kernels: parameters the driver described (0: cuFuncGetParamInfo gave none)
 
 
 @dataclass
@@ -233,7 +234,8 @@ def _read_node(cu, i, h):
             cu("cuFuncGetName", ctypes.byref(name), func)
         except GraphReadError:
             name = ctypes.c_char_p(b"?")
-        return GraphNode(i, kind, (name.value or b"?").decode(), _kernel_words(cu, func, p))
+        words, nparams = _kernel_words(cu, func, p)
+        return GraphNode(i, kind, (name.value or b"?").decode(), words, nparams)
     if kind == "memset":
         p = _Memset()
         cu("cuGraphMemsetNodeGetParams", h, ctypes.byref(p))
@@ -246,7 +248,8 @@ def _read_node(cu, i, h):
 
 
 def _kernel_words(cu, func, p):
-    """Every 8-byte word of every kernel parameter: candidate device addresses."""
+    """Every 8-byte word of every kernel parameter (candidate device addresses), and how many
+    parameters the driver described."""
     blobs = []
     if p.kernelParams:
         k = 0
@@ -268,7 +271,7 @@ def _kernel_words(cu, func, p):
     words = []
     for b in blobs:
         words += [struct.unpack_from("<Q", b, o)[0] for o in range(0, len(b) - 7, 8)]
-    return words
+    return words, len(blobs)
 
 
 def read_graph(g):
@@ -292,6 +295,7 @@ class CrossCheck:
     missed: list = field(default_factory=list)
     lacking: list = field(default_factory=list)
     unclaimed: list = field(default_factory=list)
+    blind: list = field(default_factory=list)  # kernel nodes touching no recorded byte, as far as read
     topological: bool = True  # the nodes came in an order every edge respects (capture order)
 
     @property
@@ -307,6 +311,7 @@ class CrossCheck:
             missed=len(self.missed),
             lacking=len(self.lacking),
             unclaimed=len(self.unclaimed),
+            blind=len(self.blind),
             topological=self.topological,
             agree=self.agree,
         )
@@ -327,22 +332,30 @@ def _touches(node, op):
     return any(a.addr <= p < a.addr + a.nbytes for p in node.pointers for a in op.accesses)
 
 
+def _explained(node, op):
+    """How many of the node's pointers fall in the op's accesses."""
+    return sum(any(a.addr <= p < a.addr + a.nbytes for a in op.accesses) for p in node.pointers)
+
+
 def match(ops, raw):
     """Each op's graph nodes. The simulator: node i is op i. CUDA: nodes in capture order, each op
     takes the next node touching its bytes (and the following ones that touch its bytes and not the
-    next op's); nodes touching no recorded byte are skipped."""
+    next op's), unless the next op accounts for more of that node's pointers: then the node is the
+    next op's and this op's own node was one whose pointers could not be read (it stays lacking,
+    rather than shifting every later op by one). Nodes touching no recorded byte are skipped."""
     if raw.source == "simulator":
         return {op.index: [op.index] for op in ops}, []
     known = [a for op in ops for a in op.accesses]
     relevant = [
         n for n in raw.nodes if any(a.addr <= p < a.addr + a.nbytes for p in n.pointers for a in known)
     ]
-    out, j, skipped = {}, 0, []
+    out, j = {}, 0
     for k, op in enumerate(ops):
         nxt = ops[k + 1] if k + 1 < len(ops) else None
         mine = []
-        if j < len(relevant) and _touches(relevant[j], op):
-            mine.append(relevant[j].index)
+        n = relevant[j] if j < len(relevant) else None
+        if n is not None and _touches(n, op) and not (nxt and _explained(n, nxt) > _explained(n, op)):
+            mine.append(n.index)
             j += 1
             while (
                 j < len(relevant) and _touches(relevant[j], op) and not (nxt and _touches(relevant[j], nxt))
@@ -363,6 +376,14 @@ def crosscheck(trace, hazards, raw):
     cc = CrossCheck(raw.source, len(raw.nodes), unclaimed=unclaimed)
     cc.topological = all(a < b for a, b in raw.edges)
     cc.lacking = [f"{op.name} (op {op.index}) on {op.stream}" for op in ops if not nodes_of.get(op.index)]
+    # where an op lacks its node: kernel nodes no recorded byte was found in, and how many of their
+    # parameters the driver described (0: no parameter info, so their pointers cannot be read)
+    known = [a for op in ops for a in op.accesses]
+    cc.blind = [
+        f"{n.name} (node {n.index}, {n.params_read} params read)"
+        for n in raw.nodes
+        if n.kind == "kernel" and not any(a.addr <= p < a.addr + a.nbytes for p in n.pointers for a in known)
+    ]
     flagged = {(h.first.index, h.second.index) for h in hazards}
     for a, b, kind in _conflicts(ops):
         na, nb = nodes_of.get(a.index), nodes_of.get(b.index)

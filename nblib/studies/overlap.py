@@ -50,7 +50,14 @@ def graph_rows(rep, runner, config):
             rows.append(dict(row, agree=None, error=str(e)))
             continue
         rows.append(
-            dict(row, hazards=len(hz), **cc.row(), lacking_ops=cc.lacking[:8], missed_pairs=cc.missed[:4])
+            dict(
+                row,
+                hazards=len(hz),
+                **cc.row(),
+                lacking_ops=cc.lacking[:8],
+                blind_nodes=cc.blind[:8],
+                missed_pairs=cc.missed[:4],
+            )
         )
     return rows
 

@@ -94,7 +94,8 @@ def graph_check(row):
         except Exception as e:  # a graph the driver will not hand over is this row's finding, not the end
             checks.append(dict(error=f"{type(e).__name__}: {e}"))
             continue
-        checks.append(dict(cc.row(), missed_pairs=cc.missed[:5], contradicted_pairs=cc.contradicted[:5]))
+        pairs = dict(missed_pairs=cc.missed[:5], contradicted_pairs=cc.contradicted[:5])
+        checks.append(dict(cc.row(), **pairs, lacking_ops=cc.lacking[:5], blind_nodes=cc.blind[:5]))
     return checks
 
 
