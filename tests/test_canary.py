@@ -25,7 +25,7 @@ def _setup(overlap="off", bucket=2):
 
 def test_planted_writes_are_classed():
     m, runner, args, step = _setup()
-    c = Canary(m)
+    c = Canary(m, free_sample=None)  # every page
     live = canary.batch_live_pages(step["page_table"], step["seq_lens"])
     expected = canary.expected_pages(step["store_slots"])
     victim = min(live - expected)
@@ -41,6 +41,32 @@ def test_planted_writes_are_classed():
     s = c.summary()
     assert (s["live_overwrites"], s["free_page_writes"], s["steps_with_live_overwrite"]) == (1, 1, 1)
     assert "1 live-page overwrites" in canary.describe(s)
+
+
+def test_the_watched_pages_catch_every_live_overwrite_and_sample_the_free_ones():
+    m, runner, args, step = _setup()
+    c = Canary(m, free_sample=8, seed=3)
+    live = canary.batch_live_pages(step["page_table"], step["seq_lens"])
+    expected = canary.expected_pages(step["store_slots"])
+    ids = c.watched(step)
+    must = live | expected | {canary.SCRATCH_PAGE}
+    sampled = set(ids.tolist()) - must
+    assert must <= set(ids.tolist()) and len(sampled) == 8 and not sampled & live
+    assert set(c.watched(step).tolist()) - must != sampled  # drawn afresh each replay
+    victim = min(live - expected)
+    free_in = min(sampled)
+    c._rng.manual_seed(3)  # the same draw as `ids` for this replay
+    c.before(step)
+    assert torch.equal(c._ids, ids)
+    free_out = max(set(range(1, m.cfg.num_pages)) - must - sampled)
+    runner.run(*args)
+    m.index_cache[victim, 5, 0] += 1  # a live page nobody stores into: always watched
+    m.index_cache[free_in, 0, 0] = 3.0  # a sampled free page: caught
+    m.index_cache[free_out, 0, 0] = 3.0  # an unsampled one: not seen this replay
+    rec = c.after(step)
+    assert rec["live_overwrites"] == [victim] and rec["free_writes"] == [free_in]
+    assert rec["watched"] == len(ids) < m.cfg.num_pages
+    assert c.summary()["pages_watched"] == len(ids)
 
 
 def test_no_alarm_without_writes_and_checksum_sees_a_swap():
@@ -74,9 +100,11 @@ def test_clean_run_is_quiet_and_counts_add_up():
     # overlap off corrupts nothing, so the verdict must say so and count every replay as quiet
     replays = sum(r["replays"] for r in rows)
     assert replays == sum(r["steps"] + r["tail_steps"] for r in rows) > 0
+    watched = sum(r["pages_watched"] for r in rows) / replays
     assert canary.verdict(rows) == (
         "no session was corrupted, so the canary had nothing to explain. "
-        f"Clean runs: 0 live or free-page alarms over {replays} replays."
+        f"Clean runs: 0 live or free-page alarms over {replays} replays "
+        f"({watched:.0f} pages checksummed a replay: live, expected, scratch and 64 sampled free)."
     )
 
 

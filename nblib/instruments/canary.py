@@ -15,18 +15,24 @@ right before a replay and right after it, and classes each page that changed:
     run_sessions(runner, w, instruments=[canary])
     canary.summary()                           # pages changed / expected / outside / live overwrites
 
-It reads the cache and never writes it; on CUDA each checksum is one pass over the cache on the
-current stream (after the replay, in stream order) and a small copy to the host.
+It reads the cache and never writes it. By default it watches the pages that matter, not the whole
+cache: every page in some request's live range, the pages the step stores into, the scratch page,
+and a fresh sample of FREE_SAMPLE free pages each replay, so a live overwrite is always caught and a
+stray free-page write is caught in proportion. `free_sample=None` checksums every page (the
+campaign's canary). On CUDA the checksums are one Triton kernel over the chosen pages
+(kernels.checksum), on the current stream after the replay, and a small copy to the host.
 """
 
 import torch
 
+from kernels import checksum as ck
 from nblib.engine import build
 from nblib.engine.model import PAGE
 from nblib.engine.runner import Runner
 
 SCRATCH_PAGE = 0
 CLASSES = ("expected", "scratch", "live_overwrite", "free_write")
+FREE_SAMPLE = 64  # free pages checksummed per replay, drawn afresh each time
 _CHUNK_PAGES = 256  # bounds the int64 temporary on a 42000-page cache to ~32 MB
 
 
@@ -40,17 +46,22 @@ def _words(cache):
     return flat.view(torch.uint8).view(torch.int32) if flat.element_size() != 4 else flat.view(torch.int32)
 
 
-def page_checksums(cache):
-    """One int64 per page: sum of its 32-bit words, each times an odd, position-dependent weight
-    (so a moved or swapped entry changes it too). Wraps on overflow, identically on CPU and CUDA."""
+def page_checksums(cache, page_ids=None):
+    """One int64 per page (all pages, or those in page_ids): sum of its 32-bit words, each times an
+    odd, position-dependent weight (so a moved or swapped entry changes it too). Wraps on overflow,
+    identically on CPU and CUDA. CUDA: the Triton kernel; CPU: torch, in chunks of pages."""
+    if page_ids is None:
+        page_ids = torch.arange(cache.shape[0], device=cache.device)
+    if cache.device.type == "cuda":
+        return ck.page_checksums(cache, page_ids.to(cache.device))
     words = _words(cache)
     n = words.shape[1]
     weight = torch.arange(n, device=cache.device, dtype=torch.int64) * 2654435761 + 0x9E3779B9
     weight |= 1
-    out = torch.empty(words.shape[0], dtype=torch.int64, device=cache.device)
-    for lo in range(0, words.shape[0], _CHUNK_PAGES):
-        hi = min(lo + _CHUNK_PAGES, words.shape[0])
-        out[lo:hi] = (words[lo:hi].to(torch.int64) * weight).sum(1)
+    out = torch.empty(page_ids.shape[0], dtype=torch.int64, device=cache.device)
+    for lo in range(0, page_ids.shape[0], _CHUNK_PAGES):
+        hi = min(lo + _CHUNK_PAGES, page_ids.shape[0])
+        out[lo:hi] = (words[page_ids[lo:hi]].to(torch.int64) * weight).sum(1)
     return out
 
 
@@ -69,6 +80,12 @@ def batch_live_pages(page_table, seq_lens):
         live.update(table[r, : -(-int(n) // PAGE)].tolist())
     live.discard(SCRATCH_PAGE)
     return live
+
+
+def _live(step):
+    """The step's live pages: run_sessions passes every unfinished session's; else the batch's."""
+    live = step.get("live_pages")
+    return live if live is not None else batch_live_pages(step["page_table"], step["seq_lens"])
 
 
 def classify(changed, expected, live):
@@ -90,7 +107,7 @@ class Canary:
     """Per-page checksums of the model's index-K cache around each replay (an instrument for
     run_sessions: before(step), after(step)); `records` holds one dict per step."""
 
-    def __init__(self, model, tensor=None):
+    def __init__(self, model, tensor=None, free_sample=FREE_SAMPLE, seed=0):
         cache = model.index_cache
         if tensor is not None and not (
             tensor is cache
@@ -106,32 +123,48 @@ class Canary:
                 f"that is not it"
             )
         self.model, self.cache = model, cache
+        self.free_sample = free_sample
+        self._rng = torch.Generator().manual_seed(seed)
         self.records = []
-        self._before = None
+        self._before = self._ids = None
 
-    def checksums(self):
-        return page_checksums(self.cache).cpu()
+    def watched(self, step):
+        """The page ids to checksum around this step: None (every page), or the live, expected and
+        scratch pages plus a fresh sample of free ones."""
+        if self.free_sample is None or step is None:
+            return None
+        keep = set(_live(step)) | expected_pages(step["store_slots"]) | {SCRATCH_PAGE}
+        free = torch.ones(self.cache.shape[0], dtype=torch.bool)
+        free[list(keep)] = False
+        free = torch.nonzero(free).flatten()
+        pick = free[torch.randperm(len(free), generator=self._rng)[: self.free_sample]]
+        return torch.tensor(sorted(keep) + sorted(pick.tolist()), dtype=torch.long)
+
+    def checksums(self, page_ids=None):
+        return page_checksums(self.cache, page_ids).cpu()
 
     def before(self, step=None):
-        self._before = self.checksums()
+        self._ids = self.watched(step)
+        self._before = self.checksums(self._ids)
 
     def after(self, step):
         """Checksums again; classify the pages that changed since before()."""
         if self._before is None:
             raise RuntimeError("canary.after() without canary.before(): no checksums to compare with")
-        now = self.checksums()
-        changed = torch.nonzero(now != self._before).flatten().tolist()
-        self._before = None
+        now = self.checksums(self._ids)
+        changed = torch.nonzero(now != self._before).flatten()
+        changed = (changed if self._ids is None else self._ids[changed]).tolist()
+        watched = self.cache.shape[0] if self._ids is None else len(self._ids)
+        self._before = self._ids = None
         expected = expected_pages(step["store_slots"])
-        live = step.get("live_pages")
-        if live is None:
-            live = batch_live_pages(step["page_table"], step["seq_lens"])
+        live = _live(step)
         cls = classify(changed, expected, live)
         by = {c: sorted(p for p, k in cls.items() if k == c) for c in CLASSES}
         rec = dict(
             step=step.get("index", len(self.records)),
             bucket=step.get("bucket"),
             bs=step.get("bs"),
+            watched=watched,
             changed=len(changed),
             expected=len(expected),
             expected_unchanged=len(expected - set(changed)),
@@ -148,6 +181,7 @@ class Canary:
         r = self.records
         return dict(
             steps=len(r),
+            pages_watched=sum(x["watched"] for x in r),
             pages_changed=sum(x["changed"] for x in r),
             pages_expected=sum(x["expected"] for x in r),
             expected_unchanged=sum(x["expected_unchanged"] for x in r),
@@ -164,7 +198,8 @@ def describe(s):
     return (
         f"{s['pages_changed']} pages changed over {s['steps']} replays when {s['pages_expected']} were "
         f"expected; {s['pages_outside_live']} outside any live range ({s['scratch_writes']} scratch-page "
-        f"writes, {s['free_page_writes']} free-page writes); {s['live_overwrites']} live-page overwrites"
+        f"writes, {s['free_page_writes']} free-page writes); {s['live_overwrites']} live-page overwrites "
+        f"({s['pages_watched'] / max(s['steps'], 1):.0f} pages checksummed a replay)"
     )
 
 
@@ -240,4 +275,8 @@ def verdict(rows):
             f"itself is being written"
         )
     quiet = tot(clean, "live_overwrites") + tot(clean, "free_page_writes")
-    return f"{head}. Clean runs: {quiet} live or free-page alarms over {tot(clean, 'replays')} replays."
+    watched = tot(rows, "pages_watched") / max(tot(rows, "replays"), 1)
+    return (
+        f"{head}. Clean runs: {quiet} live or free-page alarms over {tot(clean, 'replays')} replays "
+        f"({watched:.0f} pages checksummed a replay: live, expected, scratch and {FREE_SAMPLE} sampled free)."
+    )
