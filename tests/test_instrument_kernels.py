@@ -146,3 +146,28 @@ def test_gpu_check():
     code = "from kernels import checksum as c, differential as d; print(c.check('cuda'), d.check('cuda'))"
     r = run_without_interpreter(["-c", code], timeout=600)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_the_differential_and_the_canary_on_cuda_agree_with_their_torch_paths():
+    """What gediff and the canary compute on CUDA (the Triton kernels) equals their CPU paths."""
+    code = """
+import torch
+from nblib.instruments import canary, gediff
+g = torch.Generator().manual_seed(0)
+graph = torch.randn(6, 4000, generator=g)
+graph[:, 3000:] = float("-inf")
+eager = graph.clone()
+eager[1, 7] += 1e-3
+eager[4, 10] = float("nan")
+for a, b in ((graph, graph.clone()), (graph, eager)):
+    assert gediff.metrics(a.cuda(), b.cuda(), 64) == gediff.metrics(a, b, 64), (a is b)
+cache = torch.randn(300, 64, 32, generator=g).to(torch.bfloat16)
+ids = torch.tensor([0, 5, 299, 17])
+assert torch.equal(canary.page_checksums(cache.cuda(), ids).cpu(), canary.page_checksums(cache, ids))
+assert torch.equal(canary.page_checksums(cache.cuda()).cpu(), canary.page_checksums(cache))
+print("ok")
+"""
+    r = run_without_interpreter(["-c", code], timeout=600)
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stdout[-2000:] + r.stderr[-4000:]

@@ -23,6 +23,7 @@ the corruption rate with it on and off (notebook 02) before trusting a clean dif
 
 import torch
 
+from kernels import differential as kdiff
 from kernels import indexer as kx
 from nblib.core import stats
 from nblib.engine import build
@@ -135,7 +136,18 @@ class GEDiff:
 
 
 def metrics(graph, eager, k):
-    """max_abs (NaN as inf, -inf == -inf), argmax and top-k set disagreement, counted in rows."""
+    """max_abs (NaN as inf, -inf == -inf), argmax and top-k set disagreement, counted in rows.
+    CUDA: the fused Triton kernel (kernels.differential), one pass over rows that agree; else torch."""
+    if graph.is_cuda:
+        d = kdiff.differential(graph.float().contiguous(), eager.float().contiguous(), k)
+        max_abs = float(d.max_abs.max()) if d.max_abs.numel() else 0.0
+        argmax_rows, topk_rows = int(d.argmax_differs.sum()), int(d.topk_differs.sum())
+        return dict(
+            max_abs=max_abs,
+            argmax_rows=argmax_rows,
+            topk_rows=topk_rows,
+            diverged=bool(max_abs > 0 or argmax_rows or topk_rows),
+        )
     g, e = graph.float(), eager.float()
     same = (g == e) | (torch.isnan(g) & torch.isnan(e))
     inf = torch.tensor(float("inf"))
