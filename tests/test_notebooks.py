@@ -198,10 +198,12 @@ def test_notebook_03_names_the_race_where_it_corrupts_and_nowhere_else(ci_suite)
     key = lambda r: (r["index_dtype"], r["overlap"], r["bucket"])
     ran = {key(m): m["corrupted_sessions"] for m in r0["matrix"] if m["mode"] == "graph"}
     assert {key(r): r["corrupted_sessions"] for r in rows if r["logits_policy"] == "transient"} == ran
-    # the fixes are replayed with overlap on; with overlap off nothing forks and they are not replayed
+    # the fixes are replayed with overlap on in bf16; with overlap off nothing forks, and fp8 hands
+    # no logits across, so those rows are not replayed and say why
     for r in rows:
         if r["logits_policy"] != "transient":
-            assert (r["sessions"] is None) == (r["overlap"] == "off"), r
+            skipped = r["overlap"] == "off" or r["index_dtype"] == "fp8"
+            assert (r["sessions"] is None) == skipped == bool(r["not_replayed"]), r
     h = res["hazards"][0]
     assert h["first_tensor"] == "indexer.logits" and "_logits_buffer" in h["first_alloc"]
     assert "del logits" in h["first_free"] and h["reused"]

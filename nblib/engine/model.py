@@ -42,6 +42,9 @@ from nblib.engine.buffers import PersistentBuffers
 INDEX_DTYPES = ("bf16", "fp8")
 OVERLAPS = ("on", "off")
 LOGITS_POLICIES = ("transient", "persistent", "record_stream")
+# index dtypes whose transient logits the main stream allocates and hands to the side stream (the
+# bug's path); fp8's indexer allocates its own logits on the stream it runs on
+HANDS_LOGITS_ACROSS = ("bf16",)
 PAGE = kx.PAGE
 
 
@@ -176,7 +179,7 @@ class DecodeModel:
         cfg = self.cfg
         if cfg.logits_policy == "persistent":
             return self.buffers.get(self._logits_stream(), bs, (bs, cfg.max_ctx))
-        if cfg.index_dtype == "fp8":
+        if cfg.index_dtype not in HANDS_LOGITS_ACROSS:
             return None
         t = torch.empty(bs, cfg.max_ctx, dtype=torch.float32, device=self.dev.torch_device)
         self.note("indexer.logits", t, use)

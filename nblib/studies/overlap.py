@@ -16,7 +16,7 @@ from pathlib import Path
 
 from nblib.core import results
 from nblib.engine import build
-from nblib.engine.model import LOGITS_POLICIES, check_choice
+from nblib.engine.model import HANDS_LOGITS_ACROSS, LOGITS_POLICIES, check_choice
 from nblib.engine.runner import Runner
 from nblib.instruments import audit, audit_graph, audit_zoo
 from nblib.studies import reproduce
@@ -136,8 +136,10 @@ def toggles(
 ):
     """One row per (policy, dtype, overlap, bucket): corrupted sessions and the audit's hazards.
     measured: notebook 00's graph rows (measured_matrix) for the first policy, instead of replaying.
-    The other policies are replayed with overlap on only: with overlap off there is no fork, so no
-    cross-stream race can form (the audit still reads those captures; their rows say "not replayed")."""
+    The other policies (the fixes) are replayed where they change something: overlap on, and an index
+    dtype whose main stream hands its logits across (HANDS_LOGITS_ACROSS). With overlap off nothing
+    forks; fp8 allocates its logits on the side stream. The audit still reads those captures, and
+    their rows say why they were not replayed."""
     for p in logits_policies:
         check_choice("logits policy", p, LOGITS_POLICIES)
     rows, reports = [], {}
@@ -145,10 +147,11 @@ def toggles(
         if i == 0 and measured is not None:
             matrix = measured
         else:
-            replayed = overlaps if i == 0 else [o for o in overlaps if o == "on"]
+            ovs = overlaps if i == 0 else [o for o in overlaps if o == "on"]
+            dts = index_dtypes if i == 0 else [d for d in index_dtypes if d in HANDS_LOGITS_ACROSS]
             matrix = []
-            if replayed:
-                args = (dev, model, buckets, workload, index_dtypes, ["graph"], replayed, policy)
+            if ovs and dts:
+                args = (dev, model, buckets, workload, dts, ["graph"], ovs, policy)
                 matrix, _ = reproduce.corruption_matrix(*args, progress=progress)
         for dtype in index_dtypes:
             for ov in overlaps:
@@ -160,7 +163,8 @@ def toggles(
                     rep.graph_rows = graph_rows(rep, runner, config)
                 by_bucket = rep.by("bucket")
                 mine = [r for r in matrix if r["index_dtype"] == dtype and r["overlap"] == ov]
-                blank = dict(sessions=None, corrupted_sessions=None, steps=None)  # not replayed
+                why = "overlap off: nothing forks" if ov == "off" else f"{dtype}: no logits handed across"
+                blank = dict(sessions=None, corrupted_sessions=None, steps=None, not_replayed=why)
                 mine = mine or [dict(bucket=b, **blank) for b in buckets]
                 for r in mine:
                     hz = [h.row() for h in by_bucket.get(r["bucket"], [])]
@@ -175,6 +179,7 @@ def toggles(
                             corrupted_sessions=r["corrupted_sessions"],
                             steps=r["steps"],
                             corrupted_steps=r.get("corrupted_steps"),
+                            not_replayed=r.get("not_replayed", ""),
                             hazards=len(hz),
                             audit="hazard" if hz else "clean",
                             tensors="; ".join(_pair(t) for t in tensor_rows),
