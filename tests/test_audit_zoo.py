@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -401,3 +402,21 @@ def test_the_gpu_script_runs_end_to_end_on_the_simulator(tmp_path):
     assert all(m["graph_agrees"] for m in model), model
     assert all(r["later_capture"] == "ok" for r in res["rootcause"].values()), res["rootcause"]
     assert (tmp_path / "README.md").read_text().startswith("# The capture audit on CUDA")
+
+
+def test_the_gpu_checks_script_refuses_in_one_line_without_a_gpu(tmp_path):
+    """scripts/gpu_checks.sh (every GPU check in one device call) stops before any step here."""
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: the script would run")
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    p = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "gpu_checks.sh"), str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    assert p.returncode == 2 and p.stderr.strip().splitlines() == [
+        "no CUDA GPU here: run scripts/gpu_checks.sh on the GPU machine"
+    ]
+    assert not (tmp_path / "out").exists()

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Every GPU check in one device call (about 4 minutes on an H200): the capture audit on CUDA, the
+# GPU tests, and the kernels' checks, config sweep and timing table. On the GPU machine:
+#   source scripts/device_setup.sh && scripts/gpu_checks.sh OUTDIR
+# writes OUTDIR/{audit-zoo,bench}/ and one log per step, then OUTDIR.tgz (one file to bring back).
+# Each step has its own time limit, so one that hangs cannot take the others' time.
+set -u
+out=${1:?usage: scripts/gpu_checks.sh OUTDIR}
+python3 -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null \
+  || { echo "no CUDA GPU here: run scripts/gpu_checks.sh on the GPU machine" >&2; exit 2; }
+mkdir -p "$out"
+step() {
+  local name=$1 limit=$2 t0 rc
+  shift 2
+  t0=$(date +%s)
+  timeout "$limit" "$@" > "$out/$name.log" 2>&1
+  rc=$?
+  echo "$name: rc $rc, $(( $(date +%s) - t0 )) s"
+}
+step audit-zoo 150 python3 scripts/gpu_audit_zoo.py "$out/audit-zoo"
+step pytest-gpu 240 python3 -m pytest -q -m gpu -p no:cacheprovider
+step kernels 150 python3 -m kernels --check --sweep --bench --out "$out/bench"
+tail -n 2 "$out/pytest-gpu.log"
+tar czf "$out.tgz" -C "$(dirname "$out")" "$(basename "$out")"
