@@ -19,25 +19,10 @@ import yaml
 from nblib.backends import device
 from nblib.backends.device import cuda_graph_seconds
 from nblib.core import results
+from nblib.engine.build import full_batch
 from nblib.engine.model import PAGE, DecodeModel, ModelConfig
 from nblib.engine.runner import Runner
 from nblib.engine.workload import WorkloadConfig, run_sessions
-
-
-def batch(m, bucket, ctx, seed=0):
-    """bucket requests of `ctx` entries on distinct pages, prefilled."""
-    npages = -(-ctx // PAGE)
-    d = m.dev.torch_device
-    table = torch.zeros(bucket, m.cfg.max_ctx // PAGE, dtype=torch.int32)
-    table[:, :npages] = torch.arange(1, 1 + bucket * npages, dtype=torch.int32).view(bucket, npages)
-    m.prefill_entries(
-        torch.arange(PAGE, PAGE * (1 + bucket * npages), device=d),
-        torch.Generator(device=d).manual_seed(seed),
-    )
-    lens = torch.full((bucket,), ctx, dtype=torch.int32)
-    stores = torch.full((bucket,), PAGE - 1, dtype=torch.long)
-    tokens = torch.arange(bucket) * 7 % m.cfg.vocab
-    return tuple(x.to(d) for x in (tokens, table, lens, stores))
 
 
 def graph_ms(fn, reps):
@@ -99,7 +84,7 @@ def main():
             if ov == "on" and not a.no_branch:
                 for b in a.buckets:
                     for ctx in a.ctxs:
-                        tok, table, lens, stores = batch(m, b, ctx)
+                        tok, table, lens, stores = full_batch(m, b, ctx=ctx)
                         x = m.embed[tok]
                         q = (x @ m.w_q).view(-1, m.cfg.heads, m.cfg.dim)
                         hw = (x @ m.w_head).float()
@@ -122,7 +107,7 @@ def main():
                 ]
             for b in a.buckets:
                 for ctx in a.ctxs:
-                    args = batch(m, b, ctx)
+                    args = full_batch(m, b, ctx=ctx)
                     st = runner.static[b]
                     st.fill(*args)
                     g = runner.graphs[b][0]

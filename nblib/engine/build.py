@@ -48,9 +48,10 @@ class Batch(NamedTuple):
         return dict(index=index, bs=bs, bucket=bs, **self._asdict())
 
 
-def full_batch(m, bucket, seed=0):
-    """A full bucket of requests at half the longest context, their pages prefilled."""
-    per = m.cfg.max_ctx // 2
+def full_batch(m, bucket, seed=0, ctx=None):
+    """A full bucket of requests of `ctx` entries each (default: half the longest context), on
+    distinct pages, prefilled; fewer entries when the cache cannot hold them all."""
+    per = ctx or m.cfg.max_ctx // 2
     npages = -(-per // PAGE)
     if 1 + bucket * npages > m.cfg.num_pages:
         npages = max(1, (m.cfg.num_pages - 1) // bucket)
