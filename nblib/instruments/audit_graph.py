@@ -317,6 +317,24 @@ class CrossCheck:
         )
 
 
+def rows(report, graphs, most=8):
+    """One dict per audited capture, in the traces' order: its hazard count, CrossCheck.row() and the
+    first `most` lacking ops, blind nodes, missed and contradicted pairs; or, where the driver will not
+    hand the graph over, agree None and the error naming the refused call."""
+    out = []
+    for tr, g in zip(report.traces, graphs):
+        hz = [h for h in report.hazards if h.label is tr.label]
+        try:
+            cc = crosscheck(tr, hz, read_graph(g))
+        except GraphReadError as e:
+            out.append(dict(agree=None, error=str(e)))
+            continue
+        details = dict(lacking_ops=cc.lacking, blind_nodes=cc.blind, missed_pairs=cc.missed)
+        details["contradicted_pairs"] = cc.contradicted
+        out.append(dict(hazards=len(hz), **cc.row(), **{k: v[:most] for k, v in details.items()}))
+    return out
+
+
 def check(report, graphs=None):
     """A CrossCheck per audited capture of an audit Report; `graphs` in the traces' order (the
     simulator's traces carry theirs; CUDA graphs must be made with keep_graph=True)."""

@@ -36,30 +36,12 @@ def audit_model(dev, model, buckets, index_dtype, overlap, logits_policy, keep_g
 
 
 def graph_rows(rep, runner, config):
-    """The audit against the graphs actually built (nblib.instruments.audit_graph), one row per
-    bucket: hazards the graph confirms (no path between the two ops' nodes) or contradicts, unordered
-    overlapping pairs the audit missed, audited ops the graph lacks."""
+    """The audit against the graphs actually built (audit_graph.rows), one row per bucket: hazards
+    the graph confirms (no path between the two ops' nodes) or contradicts, unordered overlapping
+    pairs the audit missed, audited ops the graph lacks."""
     graphs = [runner.graphs[tr.label["bucket"]][0] for tr in rep.traces]
-    rows = []
-    for tr, g in zip(rep.traces, graphs):
-        row = dict(config, bucket=tr.label["bucket"])
-        hz = [h for h in rep.hazards if h.label is tr.label]
-        try:
-            cc = audit_graph.crosscheck(tr, hz, audit_graph.read_graph(g))
-        except audit_graph.GraphReadError as e:  # the route is blocked on this driver: say which call
-            rows.append(dict(row, agree=None, error=str(e)))
-            continue
-        rows.append(
-            dict(
-                row,
-                hazards=len(hz),
-                **cc.row(),
-                lacking_ops=cc.lacking[:8],
-                blind_nodes=cc.blind[:8],
-                missed_pairs=cc.missed[:4],
-            )
-        )
-    return rows
+    checked = audit_graph.rows(rep, graphs)
+    return [dict(config, bucket=tr.label["bucket"], **r) for tr, r in zip(rep.traces, checked)]
 
 
 GRAPH_COLUMNS = ["logits_policy", "index_dtype", "bucket", "hazards", "nodes", "confirmed"]

@@ -83,20 +83,8 @@ def run_one(dev, c, racy, keep_graph=False):
 
 def graph_check(row):
     """The row's audited graphs read back (CUDA's driver, or the simulator's nodes) and cross-checked
-    with its report: one dict per capture, CrossCheck.row() or the error that stopped the reading."""
-    checks = []
-    if row.report is None:
-        return checks
-    for tr, (g, _) in zip(row.report.traces, row.graphs):
-        hz = [h for h in row.report.hazards if h.label is tr.label]
-        try:
-            cc = audit_graph.crosscheck(tr, hz, audit_graph.read_graph(g))
-        except Exception as e:  # a graph the driver will not hand over is this row's finding, not the end
-            checks.append(dict(error=f"{type(e).__name__}: {e}"))
-            continue
-        pairs = dict(missed_pairs=cc.missed[:5], contradicted_pairs=cc.contradicted[:5])
-        checks.append(dict(cc.row(), **pairs, lacking_ops=cc.lacking[:5], blind_nodes=cc.blind[:5]))
-    return checks
+    with its report (audit_graph.rows): one dict per capture."""
+    return audit_graph.rows(row.report, [g for g, _ in row.graphs]) if row.report is not None else []
 
 
 def run(dev, cases=None, keep_graph=False):
