@@ -36,7 +36,8 @@ def tiny_model(eager_dev):
 
 @pytest.fixture(scope="session")
 def ci_suite(tmp_path_factory):
-    """The main job on the ci profile, every notebook 00 to 05, once per test session (as CI runs it)."""
+    """The main job on the ci profile, every notebook 00 to 05, once per test session, in two
+    lanes (as the H200 run uses them), so every notebook test also proves the lanes."""
     out = tmp_path_factory.mktemp("ci_suite")
-    suite.run(ROOT / "params" / "ci.yaml", out)
+    suite.run(ROOT / "params" / "ci.yaml", out, lanes=2)
     return out

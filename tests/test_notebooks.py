@@ -248,3 +248,47 @@ def test_results_record_the_parameters_applied_after_defaults(ci_suite):
         want.update(output_dir=str(ci_suite.resolve()), INTERACTIVE=False)
         assert res["params"] == want, name
     assert json.loads((ci_suite / "00_reproduce.results.json").read_text())["params"]["workload"]["out_tol"]
+
+
+def test_lanes_keep_03_after_00_and_leave_05_for_last():
+    nbs = list(suite.NOTEBOOKS)
+    plan = suite.lane_plan(nbs, 2)
+    assert plan == [
+        ["00_reproduce", "03_stream_overlap"],
+        ["01_canary", "02_graph_vs_eager", "04_persistent_buffer_fix"],
+    ]
+    assert suite.lane_plan(nbs, 1) == [] and suite.lane_plan(nbs, 8) == plan  # more lanes than LANES
+    assert suite.lane_plan(["00_reproduce", "05_report"], 2) == []  # one busy lane: plain run
+    with pytest.raises(ValueError, match="--lanes must be a positive integer"):
+        suite.lane_plan(nbs, 0)
+
+
+def test_lanes_ask_for_one_gpu_each_before_running(tmp_path, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(ValueError, match="--lanes 2 needs 2 GPUs, this machine has 1: pass --lanes 1"):
+        suite._lane_gpus(type("Dev", (), {"name": "cuda"})(), 2)
+    assert suite._lane_gpus(type("Dev", (), {"name": "sim"})(), 2) == [None, None]
+
+
+def _write_records(out, names, barrier):
+    barrier.wait()  # both writers start together, after their imports
+    for n in names:
+        rec = dict(notebook=n, status="ok", html=f"{n}.html", error=None, seconds=1.0)
+        suite._record(out, dict(rec, verdict=None, backend="sim", device="sim", commit="c"), "params/ci.yaml")
+
+
+def test_lanes_writing_one_index_lose_no_record(tmp_path):
+    import multiprocessing
+
+    names = [[f"{lane}{i:03d}" for i in range(60)] for lane in "ab"]
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Barrier(2)
+    procs = [ctx.Process(target=_write_records, args=(tmp_path, n, barrier)) for n in names]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join()
+    index = json.loads((tmp_path / "index.json").read_text())["notebooks"]
+    assert sorted(r["notebook"] for r in index) == sorted(names[0] + names[1])

@@ -1,4 +1,4 @@
-"""python -m nblib run [--params params/gpu.yaml] [--out outputs/gpu] [--only 00 01]
+"""python -m nblib run [--params params/gpu.yaml] [--out outputs/gpu] [--only 00 01] [--lanes 2]
 python -m nblib cells   (rewrite each notebook's parameters cell from the profile schema)
 python -m nblib sweep --params P --grid params/grids/G.yaml [--workers N | --ray auto|local|ADDRESS]
 python -m nblib publish RUN_DIR [--out RUN_DIR/site] [--check]"""
@@ -20,6 +20,7 @@ def main(argv=None):
     r.add_argument("--out", help="output folder (default: outputs/<profile name>)")
     r.add_argument("--only", nargs="*", help="notebook name prefixes, e.g. 00 01")
     r.add_argument("--timeout", type=int, default=1800, help="seconds per cell")
+    r.add_argument("--lanes", type=int, default=1, help="run 00-04 in N processes, one GPU each on CUDA")
     sub.add_parser("cells", help="rewrite each notebook's parameters cell from the profile schema")
     s = sub.add_parser("sweep", help="a notebook or the suite over a parameter grid, resumably")
     s.add_argument("--params", required=True, help="the profile every point starts from")
@@ -46,7 +47,7 @@ def main(argv=None):
 def _run(args):
     from nblib.publish import suite
 
-    for rec in suite.run(args.params, args.out, args.only, args.timeout):
+    for rec in suite.run(args.params, args.out, args.only, args.timeout, args.lanes):
         print(f"{rec['notebook']:26s} {rec['status']:6s} {rec['seconds']:7.1f} s  {rec.get('verdict') or ''}")
     out = suite.output_dir(args.params, args.out)
     print(f"outputs: {out}/index.html (every verdict), {out}/writeup.md (the writeup)")

@@ -4,9 +4,17 @@ code hidden, and write an index page with every notebook's verdict.
 A notebook counts as done only when its results.json says status "ok" (its last cell writes that):
 papermill's own success is not enough, since a cell timeout leaves no error in the notebook.
 A failed notebook stops the run, is marked failed with its failing cell, and earlier results stay.
+
+With lanes (`--lanes N`), notebooks 00 to 04 run in N processes side by side, one GPU each on CUDA
+(CUDA_VISIBLE_DEVICES), so the H200 suite fits one device call on a two-GPU machine; each lane's
+notebooks still run in order, and 05 runs last because it reads every result.
 """
 
+import fcntl
 import json
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -19,6 +27,9 @@ from nblib.core.files import write_json, write_text
 from nblib.core.paths import NOTEBOOK_DIR, NOTEBOOKS, ROOT
 from nblib.publish import pages
 from nblib.publish import params as P
+
+# 03 reuses 00's replays (same commit and parameters), so they share a lane; 05 reads every result
+LANES = (("00", "03"), ("01", "02", "04"))
 
 
 def available(only=None):
@@ -38,17 +49,22 @@ def output_dir(params_path=None, out=None):
     return Path(out or ROOT / "outputs" / params_path.stem).resolve()
 
 
-def run(params_path=None, out=None, only=None, timeout=1800):
+def run(params_path=None, out=None, only=None, timeout=1800, lanes=1):
     """Execute the suite; returns the list of per-notebook records written to index.json.
     Everything that can be checked is checked before the output folder is created: the notebook
-    selection, the whole profile against the schema, and the backend."""
+    selection, the whole profile against the schema, the backend, and the GPUs the lanes need."""
     notebooks = available(only)
     params_path = Path(params_path or P.default_profile())
     profile = P.load(params_path)  # one line naming the bad key, before anything runs
-    P.resolve_backend(profile["backend"])  # a missing GPU fails here, in one line
+    dev = P.resolve_backend(profile["backend"])  # a missing GPU fails here, in one line
+    plan = lane_plan(notebooks, lanes)
+    gpus = _lane_gpus(dev, len(plan)) if len(plan) > 1 else []
     out = output_dir(params_path, out)
     out.mkdir(parents=True, exist_ok=True)
     print(f"suite: {len(notebooks)} notebook(s), profile {params_path}, outputs in {out}")
+    if len(plan) > 1:
+        _run_lanes(plan, gpus, params_path, out, timeout)
+        notebooks = [n for n in notebooks if not any(n in lane for lane in plan)]
     records = _load_index(out)
     bar = tqdm(notebooks, desc="suite", unit="nb")
     for name in bar:
@@ -83,14 +99,66 @@ def run(params_path=None, out=None, only=None, timeout=1800):
         )
         if dest.exists():
             _render_html(dest, out / rec["html"])
-        records = [r for r in records if r["notebook"] != name] + [rec]
-        _write_index(out, records, shown_path(params_path))
+        records = _record(out, rec, shown_path(params_path))
         if rec["status"] != "ok":
             bar.close()
             raise SystemExit(
                 f"{name} failed: {rec['error']}\n(executed copy: {dest}; earlier results kept in {out})"
             )
     return records
+
+
+def lane_plan(notebooks, lanes):
+    """The notebooks each lane runs, in order: LANES folded onto `lanes` processes (lane i on
+    process i mod lanes), keeping only the selected notebooks; what no lane holds (05) runs after
+    them. One lane (or fewer than two non-empty ones): [], the plain sequential run."""
+    if not isinstance(lanes, int) or lanes < 1:
+        raise ValueError(f"--lanes must be a positive integer, got {lanes!r}")
+    plan = [[] for _ in range(min(lanes, len(LANES)))]
+    for i, lane in enumerate(LANES):
+        plan[i % len(plan)] += [n for n in notebooks if n[:2] in lane]
+    plan = [sorted(p, key=notebooks.index) for p in plan if p]
+    return plan if len(plan) > 1 else []
+
+
+def _lane_gpus(dev, n):
+    """One GPU per lane on CUDA (a lane's timings and races need its GPU to itself); none on the
+    simulator, whose time is simulated, so lanes only share the CPU."""
+    if getattr(dev, "name", "") != "cuda":
+        return [None] * n
+    import torch
+
+    have = torch.cuda.device_count()
+    if have < n:
+        raise ValueError(f"--lanes {n} needs {n} GPUs, this machine has {have}: pass --lanes {have or 1}")
+    return [str(i) for i in range(n)]
+
+
+def _run_lanes(plan, gpus, params_path, out, timeout):
+    """Each lane as `python -m nblib run --only ...` in its own process (and GPU), side by side;
+    its log in out/lane-<i>.log. Every lane runs to its end; then a failed one stops the suite."""
+    procs = []
+    for i, (lane, gpu) in enumerate(zip(plan, gpus)):
+        env = dict(os.environ, TQDM_DISABLE="1")
+        if gpu is not None:
+            env["CUDA_VISIBLE_DEVICES"] = gpu
+        cmd = [sys.executable, "-m", "nblib", "run", "--params", str(params_path), "--out", str(out)]
+        cmd += ["--timeout", str(timeout), "--only", *(n[:2] for n in lane)]
+        log = out / f"lane-{i}.log"
+        print(f"lane {i}{'' if gpu is None else f' (GPU {gpu})'}: {' '.join(lane)}, log {log}")
+        with open(log, "w") as f:  # the child holds its own copy of the descriptor
+            proc = subprocess.Popen(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT)
+        procs.append((i, log, proc))
+    failed = []
+    for i, log, proc in procs:
+        rc = proc.wait()
+        print(f"lane {i}: rc {rc}")
+        if rc != 0:
+            last = (log.read_text().strip().splitlines() or ["(no output)"])[-1]
+            failed.append(f"lane {i} (log {log}): {last}")
+    if failed:
+        lines = "\n".join(failed)
+        raise SystemExit(f"a lane failed, 05 not run:\n{lines}\n(earlier results kept in {out})")
 
 
 def _describe(e):
@@ -112,6 +180,16 @@ def _render_html(nb_path, html_path):
         exclude_input=True, exclude_input_prompt=True, exclude_output_prompt=True
     ).from_notebook_node(nbformat.read(nb_path, 4))
     write_text(html_path, body)
+
+
+def _record(out, rec, params):
+    """Put rec into index.json (replacing the notebook's earlier record) under a lock, reading the
+    index afresh: lanes write to one folder, and none may lose another's record."""
+    with open(out / ".index.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        records = [r for r in _load_index(out) if r["notebook"] != rec["notebook"]] + [rec]
+        _write_index(out, records, params)
+    return records
 
 
 def _load_index(out):
