@@ -41,9 +41,11 @@ class LogitsConfig(NamedTuple):
 
 
 CONFIGS = {
-    ("bf16", 9): LogitsConfig(block_t=64, tiles_per_prog=16, num_warps=4, num_stages=7),
-    # the sweep's winner on the H200 (outputs/bench/h200-fee7b8a/sweep.md): 91 us vs 125 us before
-    ("fp8", 9): LogitsConfig(block_t=64, tiles_per_prog=16, num_warps=4, num_stages=5),
+    # the sweep's winners on the H200, timed from CUDA graph replays (outputs/bench/h200-97c3053/
+    # sweep.md): K through a TMA descriptor, one page a tile; bf16 142 us (150 with pointers),
+    # fp8 81.4 us (89.6 with pointers)
+    ("bf16", 9): LogitsConfig(block_t=64, tiles_per_prog=8, num_warps=4, num_stages=5, k_load="tma"),
+    ("fp8", 9): LogitsConfig(block_t=64, tiles_per_prog=16, num_warps=4, num_stages=5, k_load="tma"),
     ("bf16", 10): LogitsConfig(block_t=64, tiles_per_prog=16, num_warps=4, num_stages=7),
     # the H200 winner compiled for sm_100a (outputs/bench/compile_sm100.md): 80 registers, 33.5 KB of
     # shared memory, 6 CTAs per SM as on sm_90a (block_t 128 would need 147 registers: 3 CTAs)
