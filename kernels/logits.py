@@ -421,6 +421,9 @@ def compile_cases(arch, config=None):
     variants = [
         ("", config),
         ("_tma", dict(block_t=64, tiles_per_prog=16, num_warps=4, num_stages=5, k_load="tma")),
+        # the pointer path, pipelined (7 stages) and not (3): what a descriptor-less GPU runs
+        ("_ptr", dict(block_t=64, tiles_per_prog=16, num_warps=4, num_stages=7, k_load="ptr")),
+        ("_ptr3", dict(block_t=128, tiles_per_prog=4, num_warps=4, num_stages=3, k_load="ptr")),
     ]
     if arch >= 100:
         variants.append(
@@ -432,9 +435,8 @@ def compile_cases(arch, config=None):
             ("bf16", plan_bf16(q, w, kcache, pt, sl, out, cfg, arch)),
             ("fp8", plan_fp8(q8, w, pages, pt, sl, out, cfg, arch)),
         ):
-            # the rule in kernels.logits_configs: > 4 stages overlap copies with the dot in a CTA
-            overlap = launch.options["num_stages"] > 4 if not tag else None
-            cases.append(
-                Case(f"logits_{kind}{tag}", launch, tensor_core=True, tma=bool(tag), overlap=overlap)
-            )
+            tma = launch.args["K_LOAD"] != K_LOADS.index("ptr")  # the table's own entry may use TMA
+            # the rule in kernels.logits_configs: > 4 stages overlap pointer copies with the dot
+            overlap = None if tma else launch.options["num_stages"] > 4
+            cases.append(Case(f"logits_{kind}{tag}", launch, tensor_core=True, tma=tma, overlap=overlap))
     return cases

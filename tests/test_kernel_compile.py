@@ -86,7 +86,7 @@ def test_no_spills_and_shared_memory_within_the_target(reports):
 def test_pipelining_is_what_the_config_says(reports):
     """Pointer-path loads are 16-byte async copies; a config that asks for the copy/compute overlap
     (num_stages > 4) gets an async_wait that leaves tiles in flight, and one that does not (the
-    fp8 config, 3 stages) gets only full waits: latency hidden across CTAs, not inside one."""
+    3-stage pointer variant) gets only full waits: latency hidden across CTAs, not inside one."""
     checked = 0
     for key, r in reports.items():
         if r["expect_overlap"] is None:
