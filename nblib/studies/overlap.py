@@ -45,7 +45,7 @@ def graph_rows(rep, runner, config):
 
 
 GRAPH_COLUMNS = ["logits_policy", "index_dtype", "bucket", "hazards", "nodes", "confirmed"]
-GRAPH_COLUMNS += ["contradicted", "missed", "lacking", "agree"]
+GRAPH_COLUMNS += ["confirmed_by_order", "contradicted", "undecidable", "missed", "lacking", "blind", "agree"]
 
 
 def graph_verdict(graph, zoo):
@@ -62,6 +62,11 @@ def graph_verdict(graph, zoo):
         f"pair(s) confirmed unordered in {len(bug)} capture(s) with a race, "
         f"{sum(r['missed'] for r in read)} unordered overlapping pair(s) the audit missed"
     )
+    by_order, undecided = (sum(r.get(k, 0) for r in read) for k in ("confirmed_by_order", "undecidable"))
+    if by_order:
+        s += f" ({by_order} of the confirmed by ordering alone: a node's pointers unreadable)"
+    if undecided:
+        s += f"; {undecided} hazard pair(s) undecidable (an op without a graph node)"
     if off:
         s += "; they DISAGREE at " + ", ".join(
             f"{r['logits_policy']}/{r['index_dtype']}/bucket {r['bucket']}" for r in off
