@@ -10,6 +10,7 @@
 # On a GPU machine that already has torch and triton: make test TORCH= TRITON= SYSTEM_SITE=1.
 PY := .venv/bin/python
 PARAMS ?=
+LANES ?=
 TORCH ?= torch==2.13.0
 TORCH_INDEX ?=
 TRITON ?= triton==3.6.0
@@ -23,7 +24,7 @@ LAB_ARGS ?=
 	touch $@
 
 suite: .venv/.stamp
-	$(PY) -m nblib run $(if $(PARAMS),--params $(PARAMS))
+	$(PY) -m nblib run $(if $(PARAMS),--params $(PARAMS)) $(if $(LANES),--lanes $(LANES))
 
 lint: .venv/.stamp
 	$(PY) -m ruff check .
