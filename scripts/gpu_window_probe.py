@@ -44,6 +44,7 @@ def main():
         "--programs", type=int, nargs="+", default=[0], help="indexer programs per request (0: fill the GPU)"
     )
     ap.add_argument("--no-branch", action="store_true", help="skip the branch-alone timings")
+    ap.add_argument("--topk-kernel", default="torch", choices=("torch", "triton"), help="the model's top-k")
     ap.add_argument(
         "--workload",
         default='{"sessions": 40, "rounds": 3, "ctx_min": 2048, "ctx_max": 24576, '
@@ -54,7 +55,8 @@ def main():
     out.mkdir(parents=True, exist_ok=True)
     dev = device.get("cuda")
     prof = yaml.safe_load(Path("params/gpu.yaml").read_text())
-    shape_keys = ("trunk_layers", "trunk_width", "indexer_programs")  # set per probed trunk below
+    # set per probed trunk below
+    shape_keys = ("trunk_layers", "trunk_width", "indexer_programs", "topk_kernel")
     base = dict(
         {k: v for k, v in prof["model"].items() if k not in shape_keys},
         num_pages=max(prof["model"]["num_pages"], 1 + max(a.buckets) * max(a.ctxs) // PAGE + 64, 30000),
@@ -79,6 +81,7 @@ def main():
                 trunk_layers=int(layers),
                 trunk_width=int(width or base.get("trunk_width", 2048)),
                 indexer_programs=progs,
+                topk_kernel=a.topk_kernel,
             )
             m = DecodeModel(ModelConfig(**base, **shape, overlap=ov), dev)
             if ov == "on" and not a.no_branch:

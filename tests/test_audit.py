@@ -493,3 +493,45 @@ def test_csan_without_a_gpu_fails_in_one_line_before_starting_a_child(monkeypatc
     monkeypatch.setattr(subprocess, "run", lambda *a, **k: pytest.fail("started a child process"))
     with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
         csan.sanitize(TINY, [2])
+
+
+def test_the_triton_topk_in_the_model_gives_the_same_step_and_the_same_race():
+    """topk_kernel "triton" calls csi::topk_indices (the Triton kernel on CUDA, its reference here):
+    the step's output and indices equal torch.topk's, and the race is still named (the freed logits
+    block is read by the new top-k node instead of aten::topk)."""
+    from nblib.engine.build import full_batch
+
+    outs, reps = {}, {}
+    for kernel in ("torch", "triton"):
+        dev = SimDevice()
+        m = DecodeModel(ModelConfig(**TINY, topk_kernel=kernel), dev)
+        tok, table, lens, stores = full_batch(m, 2, ctx=300)
+        outs[kernel] = m.step(tok, table, lens, stores)
+        with audit.recording(dev) as rec:
+            Runner(m, [2], "graph").capture(record=rec)
+        reps[kernel] = rec.report(names=m.captures)
+    assert all(torch.equal(a, b) for a, b in zip(outs["torch"], outs["triton"]))
+    assert not reps["torch"].ok and not reps["triton"].ok
+    assert "csi::topk_indices" in {h.first.name for h in reps["triton"].hazards}
+    with pytest.raises(ValueError, match="unknown topk kernel 'cub': choose one of torch, triton"):
+        ModelConfig(**TINY, topk_kernel="cub")
+
+
+@pytest.mark.gpu
+@gpu
+def test_cuda_model_with_the_triton_topk_replays_what_torch_topk_computes():
+    """On CUDA, csi::topk_indices is the Triton kernel: captured in the decode graph (overlap off,
+    so no race can interfere), its replay gives the indices torch.topk gives eagerly."""
+    from nblib.backends.device import get
+    from nblib.engine.build import full_batch
+
+    dev = get("cuda")
+    got = {}
+    for kernel, mode in (("torch", "eager"), ("triton", "graph")):
+        m = DecodeModel(ModelConfig(**TINY, topk_kernel=kernel, overlap="off"), dev)
+        batch = full_batch(m, 8, ctx=700)
+        runner = Runner(m, [8], mode)
+        if mode == "graph":
+            runner.capture()
+        got[kernel] = runner.run(*batch)[1].cpu()
+    assert torch.equal(got["torch"], got["triton"])
