@@ -26,7 +26,7 @@ from kernels.logits_configs import config_for
 BENCH_COLS = ["name", "us", "bytes", "gbps", "frac_copy_bw", "speedup_vs_torch"]
 SWEEP_COLS = ["kind", "block_t", "tiles_per_prog", "num_warps", "num_stages", "k_load", "persistent"]
 SWEEP_COLS += ["ok", "us", "gbps", "vs_default", "default", "best"]
-TOPK_SWEEP_COLS = ["block", "num_warps", "maxima", "radix_bits", "ok", "us"]
+TOPK_SWEEP_COLS = ["block", "num_warps", "maxima", "radix_bits", "bound_passes", "ok", "us"]
 TOPK_SWEEP = [
     dict(block=4096, num_warps=16),
     dict(block=2048, num_warps=8),
@@ -34,6 +34,10 @@ TOPK_SWEEP = [
     dict(block=4096, num_warps=16, maxima=1024),
     dict(block=4096, num_warps=16, radix_bits=4),
     dict(block=4096, num_warps=32),
+    dict(block=4096, num_warps=16, bound_passes=2),
+    dict(block=4096, num_warps=16, bound_passes=2, radix_bits=4),
+    dict(block=4096, num_warps=16, bound_passes=2, maxima=2048),
+    dict(block=4096, num_warps=8, bound_passes=2),
 ]
 
 

@@ -16,7 +16,8 @@ Two kernels (65536 fp32 logits are 256 KB a row; one program per row could not r
   1. _row_maxima_kernel, over many programs: map each float to a uint32 key whose unsigned order
      is the float order, and keep the largest key of each sub-chunk (16 entries at 65536);
   2. _topk_kernel, one program per row:
-     a. lower bound: the k-th largest sub-chunk maximum (k distinct entries reach it);
+     a. lower bound: the k-th largest sub-chunk maximum (k distinct entries reach it), exact, or
+        (config bound_passes n > 0) its top 8n bits from n histogram passes, a looser bound;
      b. only sub-chunks whose maximum reaches it can hold a top-k entry: gather those (about 1/8
         of the row on random logits), and keep their entries that reach the bound, in index
         order (prefix sums): the candidates, typically ~k of them;
@@ -120,6 +121,29 @@ def _kth_largest(keys, k, BITS: tl.constexpr):
 
 
 @triton.jit
+def _kth_largest_prefix(keys, k, PASSES: tl.constexpr):
+    """A lower bound on the k-th largest of a block of uint32 keys, in PASSES histogram passes:
+    the k-th largest's top 8*PASSES bits, the rest 0. At least k keys reach it (the bin chosen
+    at each pass holds the k-th largest), and it is <= the k-th largest, so every top-k entry
+    reaches it: a looser bound than _kth_largest's exact one, from 2 block reductions a pass
+    instead of 32 // BITS dependent steps."""
+    bins = tl.arange(0, 256)
+    t = tl.zeros([], tl.uint32)
+    k_rem = k + tl.zeros([], tl.int32)
+    for p in tl.static_range(PASSES):
+        SH: tl.constexpr = 24 - 8 * p
+        ok = keys >= 0  # every key at the first pass, then those matching the prefix so far
+        if p > 0:
+            ok = (keys >> (SH + 8)) == (t >> (SH + 8))
+        hist = tl.histogram(((keys >> SH) & 255).to(tl.int32), 256, mask=ok)
+        ge = tl.sum(hist) - tl.cumsum(hist, 0) + hist  # keys whose digit >= d
+        d = tl.maximum(tl.sum((ge >= k_rem).to(tl.int32)) - 1, 0)
+        k_rem -= tl.sum(tl.where(bins == d, ge - hist, 0))
+        t = t | (d.to(tl.uint32) << SH)
+    return t
+
+
+@triton.jit
 def _threshold(x_row, idx_row, n, K, GATHER: tl.constexpr, BLOCK: tl.constexpr, RADIX_BITS: tl.constexpr):
     """Radix select of the K-th largest key among n entries of a row (entries idx_row[0:n] when
     GATHER, else 0..n-1), RADIX_BITS per pass from the top. A 2^RADIX_BITS-bin histogram of the
@@ -213,6 +237,7 @@ def _topk_kernel(
     BLOCK: tl.constexpr,
     RADIX_BITS: tl.constexpr,
     BOUND_BITS: tl.constexpr,
+    BOUND_PASSES: tl.constexpr,  # 0: the exact bound, BOUND_BITS a step; n: n histogram passes
 ):
     SUBS: tl.constexpr = BLOCK // SUB  # sub-chunks gathered per step
     row = tl.program_id(0).to(tl.int64)
@@ -229,7 +254,10 @@ def _topk_kernel(
     # entries reach it), or 0 (every entry) when fewer than k sub-chunks hold a valid entry
     m_offs = tl.arange(0, NUM_MAX)
     maxima = tl.load(max_ptr + row * stride_m + m_offs).to(tl.uint32, bitcast=True)
-    lower = _kth_largest(maxima, K, BOUND_BITS)
+    if BOUND_PASSES > 0:
+        lower = _kth_largest_prefix(maxima, K, BOUND_PASSES)
+    else:
+        lower = _kth_largest(maxima, K, BOUND_BITS)
 
     # 2b. the sub-chunks that reach it (no other holds a candidate), in index order
     live = maxima >= lower
@@ -273,7 +301,9 @@ def _topk_kernel(
 # the sweep tries the alternatives. The select kernel spills at 4096 entries x 4 warps (a 48-byte
 # stack on sm_90a; tests/test_kernel_compile.py fails any config that spills), not at 8 (203
 # registers) or 16 warps (108): 16 keeps registers free for the loads in flight.
-TOPK_CONFIG = dict(block=4096, num_warps=16, radix_bits=8, bound_bits=2, maxima=4096, maxima_warps=4)
+TOPK_CONFIG = dict(
+    block=4096, num_warps=16, radix_bits=8, bound_bits=2, bound_passes=0, maxima=4096, maxima_warps=4
+)
 
 
 def _check_triton_args(logits, k, lengths, out):
@@ -305,6 +335,7 @@ def plan_topk(logits, k, lengths=None, out=None, config=None):
     cfg = dict(TOPK_CONFIG, **(config or {}))
     A.need(32 % cfg["radix_bits"] == 0, f"radix_bits must divide 32, got {cfg['radix_bits']}")
     A.need(32 % cfg["bound_bits"] == 0, f"bound_bits must divide 32, got {cfg['bound_bits']}")
+    A.need(cfg["bound_passes"] in (0, 1, 2, 3, 4), f"bound_passes must be 0 to 4, got {cfg['bound_passes']}")
     bs, width = logits.shape
     dev = logits.device
     if out is None:
@@ -335,6 +366,7 @@ def plan_topk(logits, k, lengths=None, out=None, config=None):
         BLOCK=block,
         RADIX_BITS=cfg["radix_bits"],
         BOUND_BITS=cfg["bound_bits"],
+        BOUND_PASSES=cfg["bound_passes"],
     )
     maxima_opts = dict(num_warps=cfg["maxima_warps"])
     return (

@@ -136,3 +136,14 @@ def test_gpu_check():
     code = "from kernels import topk; print(topk.check('cuda'))"
     r = run_without_interpreter(["-c", code], timeout=600)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+
+
+@pytest.mark.parametrize("passes", [1, 2])
+def test_kernel_with_the_histogram_bound(passes):
+    """bound_passes: the bound is the k-th largest sub-chunk maximum's top 8*passes bits, a looser
+    lower bound (more candidates) that must select the same set on every kind of row."""
+    cfg = dict(bound_passes=passes)
+    for name, x, lens in T.cases("cpu", width=4096, k=64, bs=2):
+        assert T.check_rows(x, 64, lens, config=cfg) == 2, name
+    x = T.cases("cpu", width=65536, k=512, bs=1)[0][1]
+    assert T.check_rows(x, 512, config=cfg) == 1
