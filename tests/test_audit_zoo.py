@@ -422,3 +422,23 @@ def test_the_gpu_checks_script_refuses_in_one_line_without_a_gpu(tmp_path):
         "no CUDA GPU here: run scripts/gpu_checks.sh on the GPU machine"
     ]
     assert not (tmp_path / "out").exists()
+
+
+def test_the_instrument_cost_script_checks_its_profile_then_refuses_without_a_gpu(tmp_path):
+    """scripts/gpu_instrument_cost.py: a bad profile and a missing GPU each fail in one line,
+    before anything is measured or written."""
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: the script would run")
+    script = str(ROOT / "scripts" / "gpu_instrument_cost.py")
+
+    def run(*args):
+        cmd = [sys.executable, script, str(tmp_path / "out"), *args]
+        return subprocess.run(cmd, capture_output=True, text=True, check=False)
+
+    p = run()
+    assert p.returncode == 1 and p.stderr.strip().splitlines() == [
+        "gpu_instrument_cost.py: needs a CUDA GPU (notebook 02 measures the simulator's)"
+    ]
+    p = run("--params", str(tmp_path / "missing.yaml"))
+    assert p.returncode == 1 and len(p.stderr.strip().splitlines()) == 1, p.stderr
+    assert not (tmp_path / "out").exists()
