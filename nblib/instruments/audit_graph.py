@@ -23,7 +23,9 @@ reachability:
   lacking       audited ops that touch bytes and have no graph node in their place
   unclaimed     graph nodes pointing into recorded bytes that their op does not account for
   blind         kernel nodes whose parameters could not be read, each with the call that failed
-  internal      kernel nodes read whole that touch no recorded byte (an op's own temporaries)
+  internal      kernel nodes read whole that touch no recorded byte (an op's own temporaries), or
+                only bytes recorded for allocations not live at their op's place (temporaries the
+                allocator put on reused bytes: top-k's scratch on blocks the next ops' outputs take)
 
 Reading the graph (CUDA's driver API through ctypes, or the simulator): nblib.instruments.graph_read.
 """
@@ -141,6 +143,8 @@ def crosscheck(trace, hazards, raw):
             cc.blind.append(f"{n.name} (node {n.index}): {n.unreadable or '0 params read'}")
         elif n.kind == "kernel" and not any(lo <= p < hi for p in n.pointers for lo, hi in known):
             cc.internal.append(f"{n.name} (node {n.index}, {n.params_read} params read)")
+        elif n.kind == "kernel" and n.index in got.reused:
+            cc.internal.append(f"{n.name} (node {n.index}, {n.params_read} params read, on reused bytes)")
     for op in ops:
         on = got.ops.get(op.index, OpNodes((), "none"))
         if on.how == "none" and (op.accesses or op.opaque):
