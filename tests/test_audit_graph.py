@@ -96,6 +96,8 @@ def test_a_hazard_on_an_op_the_graph_lacks_is_undecidable():
         len(cc.undecidable) == 1 and "undecidable, aten::fill_ (op 0) has no graph node" in cc.undecidable[0]
     )
     assert len(cc.lacking) == 1 and "aten::fill_" in cc.lacking[0]
+    [ctx] = cc.context  # where its nodes went: the runs around it, each node with the ops it points at
+    assert "op 0 aten::fill_ (" in ctx and ", none): no node" in ctx and "0 kernel " in ctx
 
 
 def test_a_memset_node_is_its_ops_node():
@@ -264,7 +266,7 @@ def test_top_k_owns_its_multi_kernel_run_and_the_capture_agrees(model_capture):
     top = _op(tr, "aten::topk")
     assert any(top.index in p for p in pairs)
     assert not cc.lacking and not cc.undecidable and not cc.contradicted and not cc.missed and cc.agree
-    assert len(cc.confirmed) == len(pairs) and not cc.unclaimed
+    assert len(cc.confirmed) == len(pairs) and not cc.unclaimed and not cc.context
     first = next(n.index for n in raw.nodes if n.name == "mbtopk::fill") - 1
     sort = next(n.index for n in raw.nodes if n.name == "sortKeyValueInplace")
     run = f"node {'/'.join(map(str, range(first, sort + 1)))})"
