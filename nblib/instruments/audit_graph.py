@@ -23,7 +23,11 @@ reachability:
   lacking       audited ops that touch bytes and have no graph node in their place
   unclaimed     graph nodes pointing into recorded bytes that their op does not account for
   blind         kernel nodes whose parameters could not be read, each with the call that failed
-  internal      kernel nodes read whole that touch no recorded byte (an op's own temporaries)
+  internal      kernel nodes read whole that touch no recorded byte (an op's own temporaries), or
+                only bytes recorded for allocations not live at their op's place (temporaries the
+                allocator put on reused bytes: top-k's scratch on blocks the next ops' outputs take)
+  context       for each lacking op, or one matched by order with no blind node: the runs of the
+                ops around it, each node with the ops whose recorded bytes its parameters point into
 
 Reading the graph (CUDA's driver API through ctypes, or the simulator): nblib.instruments.graph_read.
 """
@@ -61,6 +65,7 @@ class CrossCheck:
     internal: list = field(default_factory=list)  # kernel nodes read, touching no recorded byte
     by_order: list = field(default_factory=list)  # ops matched by their place on the stream alone
     confirmed_by_order: list = field(default_factory=list)  # confirmed, pointers unreadable
+    context: list = field(default_factory=list)  # runs around each lacking or by-order op (diagnosis)
     topological: bool = True  # the nodes came in an order every edge respects (capture order)
 
     @property
@@ -96,6 +101,8 @@ DETAILS = dict(
     blind_nodes="blind",
     internal_nodes="internal",
     by_order_ops="by_order",
+    unclaimed_nodes="unclaimed",
+    context="context",
 )
 
 
@@ -141,12 +148,19 @@ def crosscheck(trace, hazards, raw):
             cc.blind.append(f"{n.name} (node {n.index}): {n.unreadable or '0 params read'}")
         elif n.kind == "kernel" and not any(lo <= p < hi for p in n.pointers for lo, hi in known):
             cc.internal.append(f"{n.name} (node {n.index}, {n.params_read} params read)")
-    for op in ops:
+        elif n.kind == "kernel" and n.index in got.reused:
+            cc.internal.append(f"{n.name} (node {n.index}, {n.params_read} params read, on reused bytes)")
+    for i, op in enumerate(ops):
         on = got.ops.get(op.index, OpNodes((), "none"))
         if on.how == "none" and (op.accesses or op.opaque):
             cc.lacking.append(f"{_op(op)}: no graph node in its place on its stream")
         elif on.how == "order" and raw.source != "simulator":
             cc.by_order.append(f"{_op(op)} -> node {', '.join(map(str, on.nodes))} ({on.note})")
+            if any(raw.nodes[k].blind for k in on.nodes):
+                continue  # a blind node's place is the expected reason (cuBLAS's nvjet)
+        else:
+            continue
+        cc.context.append(_context(ops, i, got, raw))
     flagged = {(h.first.index, h.second.index) for h in hazards}
     for c in _conflicts([op for op in ops if op.accesses]):
         na, nb = got.ops[c.first.index], got.ops[c.second.index]
@@ -176,6 +190,29 @@ def crosscheck(trace, hazards, raw):
 def _op(op, on=None):
     where = f", node {'/'.join(map(str, on.nodes))}" if on is not None and on.nodes else ""
     return f"{op.name} (op {op.index}, {op.stream}{where})"
+
+
+def _context(ops, i, got, raw, around=2):
+    """The runs of ops[i-around .. i+around]: each node with the ops whose recorded bytes it points
+    into ('op 3 arg0'), so a report shows where an op's nodes went."""
+    rows = []
+    for op in ops[max(0, i - around) : i + around + 1]:
+        on = got.ops.get(op.index, OpNodes((), "none"))
+        nodes = []
+        for k in on.nodes:
+            n = raw.nodes[k]
+            hits = sorted(
+                {
+                    f"op {o.index} {a.what}"
+                    for p in n.pointers
+                    for o in ops
+                    for a in o.accesses
+                    if a.addr <= p < a.addr + a.nbytes
+                }
+            )
+            nodes.append(f"{k} {n.kind} {n.name[:48]} [{', '.join(hits[:6]) or '-'}]")
+        rows.append(f"op {op.index} {op.name} ({op.stream}, {on.how}): {'; '.join(nodes) or 'no node'}")
+    return " | ".join(rows)
 
 
 def _node(raw, k):

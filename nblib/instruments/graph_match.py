@@ -2,17 +2,27 @@
 aligned with the graph's nodes (capture order) by what both sides know.
 
 An op's kernels are created while the host is inside that op, so the nodes come as one run per op,
-in the ops' order (an op may launch none, or several: sort's arange, copy and sort kernels). The
-alignment cuts the node list into those runs, scoring each cut by:
+in the ops' order (an op may launch none, or several: sort's arange, copy and sort kernels; top-k's
+memsets, radix passes, cub scans and gather). The alignment cuts the node list into those runs,
+scoring each cut by:
 
-  pointers   a node's parameters hold addresses inside the op's accessed bytes (+), or inside other
-             recorded bytes only (-); a blind node (its parameters unreadable, e.g. cuBLAS's nvjet
-             kernels) and a node touching only unrecorded memory (an op-internal temporary) are
-             neutral: they say nothing about whose they are
+  pointers   which of the op's accesses the run's nodes point into (+ per access covered, however
+             many nodes point there, so a run of many kernels counts no more than one), and the
+             addresses inside other ops' bytes that are live at the op's place (-: the bytes of an
+             allocation from its first to its last use, or always for memory from outside the
+             capture). An address inside bytes of an allocation not live there is an op-internal
+             temporary the allocator placed on reused bytes (top-k's scratch on the blocks the next
+             ops' outputs will take): neutral, like an address outside any recorded byte and like
+             a blind node (parameters unreadable, e.g. cuBLAS's nvjet kernels)
   chains     capture puts an edge from a stream's previous node to its next one, so the nodes of one
              op follow each other by edges, and an op's first node has an edge from the last node
-             of the previous op on its stream (a missing edge costs, it is not forbidden)
+             of the previous op on its stream (a missing edge costs, it is not forbidden); a fork or
+             a join happens between ops, so an edge from or to another stream sits at a run's end
+             or start, not inside it (costs as much)
   presence   an op that touches bytes launches something (an empty run costs)
+  tail       nodes after a run's last node with its op's bytes cost a little, so that an internal
+             node between two ops goes with the op whose pointed-at node follows it (top-k's leading
+             memsets), where no edge says otherwise
 
 so a blind node between two matched ones is taken by the op its position on its stream says it is
 (matched "by order"), instead of leaving that op lacking and letting it take the next op's node.
@@ -23,7 +33,7 @@ from typing import NamedTuple
 
 from nblib.instruments.graph_read import MEMORY_KINDS
 
-EXPLAINED, FOREIGN, EMPTY, NO_EDGE = 2.0, 1.0, 1.5, 4.0  # score weights (see the docstring)
+EXPLAINED, FOREIGN, EMPTY, NO_EDGE, TAIL = 2.0, 1.0, 1.5, 4.0, 0.01  # weights (see the docstring)
 
 
 class OpNodes(NamedTuple):
@@ -36,7 +46,15 @@ class OpNodes(NamedTuple):
 
 class Match(NamedTuple):
     ops: dict  # op index -> OpNodes
-    unclaimed: list  # node indices touching recorded bytes that no op's run accounts for
+    unclaimed: list  # node indices pointing into bytes live at their op's place that it does not access
+    reused: list = []  # kernel nodes pointing only at recorded bytes not live at their op's place
+
+
+class _Span(NamedTuple):
+    lo: int
+    hi: int
+    first: int  # place (host order) of the first op touching its allocation; None: always live
+    last: int
 
 
 def _ranges(op):
@@ -47,26 +65,72 @@ def _inside(p, ranges):
     return any(lo <= p < hi for lo, hi in ranges)
 
 
+def _spans(ops):
+    """Every recorded access's bytes with its allocation's life over the ops' places."""
+    life = {}
+    for i, op in enumerate(ops):
+        for a in op.accesses:
+            if a.alloc is not None:
+                f, _ = life.get(id(a.alloc), (i, i))
+                life[id(a.alloc)] = (f, i)
+    out = []
+    for op in ops:
+        for a in op.accesses:
+            f, last = life[id(a.alloc)] if a.alloc is not None else (None, None)
+            out.append(_Span(a.addr, a.addr + a.nbytes, f, last))
+    return out
+
+
 class _Evidence:
-    """Per node: its addresses inside recorded bytes; per (op, node): how many of those are the op's."""
+    """Per node: its addresses inside recorded bytes, each with the lives of the bytes it hits; per
+    (op, node): the op's accesses it covers (a bit mask) and its addresses in other live bytes."""
 
     def __init__(self, ops, raw):
-        known = [r for op in ops for r in _ranges(op)]
-        self.rec = [[p for p in n.pointers if _inside(p, known)] for n in raw.nodes]
+        spans = _spans(ops)
+        self.rec, self.lives = [], []
+        for n in raw.nodes:
+            hits = [(p, [s for s in spans if s.lo <= p < s.hi]) for p in n.pointers]
+            hits = [(p, ss) for p, ss in hits if ss]
+            self.rec.append([p for p, _ in hits])
+            self.lives.append([ss for _, ss in hits])
         self.ranges = {op.index: _ranges(op) for op in ops}
+        self.place = {op.index: i for i, op in enumerate(ops)}
 
     def explained(self, op, k):
         return sum(_inside(p, self.ranges[op.index]) for p in self.rec[k])
 
-    def score(self, op, k):
-        e = self.explained(op, k)
-        return EXPLAINED * e - FOREIGN * (len(self.rec[k]) - e)
+    def covers(self, op, k):
+        """Bit mask of the op's accesses that node k points into."""
+        return sum(
+            1 << b
+            for b, (lo, hi) in enumerate(self.ranges[op.index])
+            if any(lo <= p < hi for p in self.rec[k])
+        )
+
+    def foreign(self, op, k):
+        """Node k's addresses outside the op's bytes, inside bytes live at the op's place."""
+        i, mine = self.place[op.index], self.ranges[op.index]
+        return sum(
+            1
+            for p, ss in zip(self.rec[k], self.lives[k])
+            if not _inside(p, mine) and any(s.first is None or s.first <= i <= s.last for s in ss)
+        )
 
 
 class _State(NamedTuple):
     score: float
     lasts: dict  # stream -> the last node of that stream's latest run
     back: tuple  # (previous j, run start, run end) for the op just placed
+
+
+def _crossings(n, edges):
+    """Per node: an edge into it from another node than the one before it (a join, an event wait),
+    and an edge out of it to another node than the next (a fork, an event record)."""
+    into, out = [False] * n, [False] * n
+    for a, b in edges:
+        if a != b - 1:
+            into[b] = out[a] = True
+    return into, out
 
 
 def match(ops, raw):
@@ -76,43 +140,59 @@ def match(ops, raw):
     n, m = len(raw.nodes), len(ops)
     ev = _Evidence(ops, raw)
     edges = set(raw.edges)
-    scores = [[ev.score(op, k) for k in range(n)] for op in ops]
+    into, out_ = _crossings(n, raw.edges)
+    memory = [nd.kind in MEMORY_KINDS for nd in raw.nodes]
+    covers = [[ev.covers(op, k) for k in range(n)] for op in ops]
+    foreign = [[FOREIGN * ev.foreign(op, k) for k in range(n)] for op in ops]
     # best[i][j]: ops[:i] placed on nodes[:j]
     best = [dict() for _ in range(m + 1)]
     best[0][0] = _State(0.0, {}, None)
     for i, op in enumerate(ops):
         expects = bool(op.accesses) or op.opaque
+        cov_i, foreign_i = covers[i], foreign[i]
         for j, st in best[i].items():
             prev = st.lasts.get(op.stream)
-            run = 0.0
+            cov, cost, tail = 0, 0.0, 0
             for j2 in range(j, n + 1):
                 if j2 == j:
                     s = st.score - (EMPTY if expects else 0.0)
                     lasts = st.lasts
                 else:
                     k = j2 - 1
-                    run += scores[i][k]
+                    cost += foreign_i[k]
                     if k == j:  # the run's first node: an edge from its stream's last node
-                        run -= NO_EDGE if prev is not None and (prev, k) not in edges else 0.0
-                    elif (k - 1, k) not in edges:  # inside a run: one chain
-                        run -= NO_EDGE
-                    s = st.score + run
+                        cost += NO_EDGE if prev is not None and (prev, k) not in edges else 0.0
+                    else:  # inside a run: one chain, no other stream's edge in or out
+                        cost += NO_EDGE * (((k - 1, k) not in edges) + into[k] + out_[k - 1])
+                    if cov_i[k]:
+                        cov, tail = cov | cov_i[k], 0
+                    elif cov and memory[k]:
+                        tail += 1
+                    s = st.score + EXPLAINED * cov.bit_count() - cost - TAIL * tail
                     lasts = {**st.lasts, op.stream: k}
                 if i + 1 == m and j2 != n:
                     continue  # the last op's run ends at the last node
                 old = best[i + 1].get(j2)
                 if old is None or s > old.score:
                     best[i + 1][j2] = _State(s, lasts, (j, j, j2))
-    out, j = {}, n
     if n not in best[m]:  # no ops (or no nodes): nothing matched
         return Match({op.index: OpNodes((), "none") for op in ops}, [k for k in range(n) if ev.rec[k]])
+    got, j = {}, n
     for i in range(m, 0, -1):
         pj, a, b = best[i][j].back
-        out[ops[i - 1].index] = _classify(ops[i - 1], range(a, b), raw, ev)
+        got[ops[i - 1].index] = _classify(ops[i - 1], range(a, b), raw, ev)
         j = pj
-    owner = {k: op for op in ops for k in out[op.index].nodes}
-    unclaimed = [k for k in range(n) if ev.rec[k] and not (k in owner and ev.explained(owner[k], k))]
-    return Match(out, unclaimed)
+    owner = {k: op for op in ops for k in got[op.index].nodes}
+    unclaimed, reused = [], []
+    for k in range(n):
+        op = owner.get(k)
+        if not ev.rec[k] or (op is not None and ev.explained(op, k)):
+            continue
+        if op is None or ev.foreign(op, k):
+            unclaimed.append(k)
+        else:
+            reused.append(k)
+    return Match(got, unclaimed, reused)
 
 
 def _classify(op, run, raw, ev):
@@ -129,6 +209,8 @@ def _classify(op, run, raw, ev):
             why.append(f"node {k} ({nd.name[:40]}) unreadable: {nd.unreadable or '0 params read'}")
         elif not ev.rec[k]:
             why.append(f"node {k} ({nd.name[:40]}) touches no recorded byte")
+        elif not ev.foreign(op, k):
+            why.append(f"node {k} ({nd.name[:40]}) touches only bytes other allocations held at other times")
         else:
             why.append(f"node {k} ({nd.name[:40]}) points at other ops' bytes only")
     return OpNodes(nodes, "order", "; ".join(why))
