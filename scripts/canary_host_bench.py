@@ -7,7 +7,9 @@ The GPU profile's cache (num_pages 24000, page 64 entries) and two bucket-48 ste
             shuffled pool, with live_pages (a Python set, as run_sessions passes it)
 The cache pages are one 32-bit word each, so the checksums cost next to nothing here and what is
 timed is the canary's bookkeeping (on CUDA the checksums are a Triton kernel, asynchronous). Prints
-the median over `--replays` before+after pairs; `--profile` adds cProfile's top entries.
+the median over `--replays` before+after pairs, and of before and after alone: on CUDA the GPU
+waits for before()'s host work, while after()'s is launched behind the replay. `--profile` adds
+cProfile's top entries.
 
     PYTHONPATH=. python scripts/canary_host_bench.py [--replays 50] [--profile]
 
@@ -69,7 +71,8 @@ def canary(num_pages=NUM_PAGES):
 
 
 def host_ms(step, replays=50, warmup=5, profile=None):
-    """Median ms of before(step) + a write to each expected page + after(step)."""
+    """Median ms of before(step) + after(step), of before and of after, with a write to each
+    expected page in between (the replay's stores, not timed); and the last record."""
     c, cache = canary()
     pages = (step["store_slots"] // PAGE).tolist()
     out = []
@@ -78,14 +81,15 @@ def host_ms(step, replays=50, warmup=5, profile=None):
             profile.enable()
         t0 = time.perf_counter()
         c.before(step)
-        dt = time.perf_counter() - t0
-        cache[pages, 0, 0] += 1  # the replay's stores (not timed)
-        t0 = time.perf_counter()
+        t1 = time.perf_counter()
+        cache[pages, 0, 0] += 1
+        t2 = time.perf_counter()
         c.after(step)
-        out.append(1e3 * (dt + time.perf_counter() - t0))
+        t3 = time.perf_counter()
+        out.append((1e3 * (t1 - t0 + t3 - t2), 1e3 * (t1 - t0), 1e3 * (t3 - t2)))
     if profile is not None:
         profile.disable()
-    return statistics.median(out), c.records[-1]
+    return *(statistics.median(x) for x in zip(*out[warmup:])), c.records[-1]
 
 
 def main(argv=None):
@@ -96,10 +100,10 @@ def main(argv=None):
     torch.set_num_threads(1)  # as the simulator runs
     for name, step in (("bench", bench_step()), ("sessions", sessions_step())):
         prof = cProfile.Profile() if a.profile else None
-        ms, rec = host_ms(step, a.replays, profile=prof)
+        ms, before, after, rec = host_ms(step, a.replays, profile=prof)
         print(
-            f"{name:8s} host {ms:8.3f} ms per before+after  (watched {rec['watched']}, "
-            f"changed {rec['changed']}, expected {rec['expected']})"
+            f"{name:8s} host {ms:8.3f} ms per before+after (before {before:.3f}, after {after:.3f}); "
+            f"watched {rec['watched']}, changed {rec['changed']}, expected {rec['expected']}"
         )
         if prof:
             pstats.Stats(prof).sort_stats("tottime").print_stats(12)
