@@ -121,11 +121,16 @@ def step_pages(step, device):
     return live, step["store_slots"].to(device, torch.int64) // PAGE
 
 
-def page_mask(pages, num_pages):
-    """bool [num_pages]: True at `pages` but the scratch page (_live's and expected_pages' sets)."""
-    mask = torch.zeros(num_pages, dtype=torch.bool, device=pages.device)
-    mask[pages] = pages != SCRATCH_PAGE  # a page's duplicates all write the same value
-    return mask
+def page_classes(live, stores, num_pages):
+    """int64 [num_pages]: the class each page would get from classify if it changed, as 1 + its
+    index in CLASSES (expected 1, scratch 2, live_overwrite 3, free_write 4), from step_pages'
+    ids in four ops. A page's duplicates all write the same value; later writes take precedence,
+    as classify's earlier tests do."""
+    cls = torch.full((num_pages,), 4, dtype=torch.int64, device=live.device)
+    cls[live] = 3
+    cls[stores] = 1
+    cls[SCRATCH_PAGE] = 2  # never expected: its writes are the scratch slot's
+    return cls
 
 
 def sample_free(keep, k, gen):
@@ -141,21 +146,17 @@ def sample_free(keep, k, gen):
 CHANGED_CAP = 512  # changed pages brought back in after()'s one transfer; more take a second
 
 
-def changed_pages(changed, ids, live, expected, cap=CHANGED_CAP):
+def changed_pages(changed, ids, classes, cap=CHANGED_CAP):
     """(changed count, distinct expected pages, pages, codes): the changed pages among `ids`
-    (ascending, numpy) and their classes (1 + index in CLASSES), classified on the device by
-    classify's rules and brought back in one transfer of cap + 2 int64 (a second when more than
-    `cap` changed)."""
-    code = 4 - live[ids].to(torch.int64)  # live_overwrite 3, free_write 4
-    code = torch.where(ids == SCRATCH_PAGE, 2, code)
-    code = torch.where(expected[ids], 1, code)
-    enc = ids * 8 + code
+    (ascending, numpy) and their page_classes codes, brought back with the counts in one
+    transfer of cap + 2 int64 (a second when more than `cap` changed)."""
+    enc = ids * 8 + classes[ids]
     pos = torch.cumsum(changed, 0) - 1
     slot = torch.where(changed & (pos < cap), pos + 2, cap + 2)  # cap + 2: a bin, dropped
     out = torch.full((cap + 3,), -1, dtype=torch.int64, device=ids.device)
     out.scatter_(0, slot, enc)
     out[0] = changed.sum()
-    out[1] = expected.sum()
+    out[1] = (classes == 1).sum()
     host = out[: cap + 2].cpu().numpy()
     n_changed, n_expected = int(host[0]), int(host[1])
     got = host[2 : 2 + n_changed] if n_changed <= cap else enc[changed].cpu().numpy()
@@ -242,9 +243,9 @@ class Canary:
         if ids is None:
             ids = torch.arange(self.cache.shape[0], device=self.cache.device)
         changed = page_checksums(self.cache, self._ids) != self._before
-        live, expected = (page_mask(p, self.cache.shape[0]) for p in self._pages(step))
+        classes = page_classes(*self._pages(step), self.cache.shape[0])
         self._before = self._ids = self._step_pages = None
-        n_changed, n_expected, pages, codes = changed_pages(changed, ids, live, expected)
+        n_changed, n_expected, pages, codes = changed_pages(changed, ids, classes)
         by = {c: pages[codes == i + 1].tolist() for i, c in enumerate(CLASSES)}
         rec = dict(
             step=step.get("index", len(self.records)),
