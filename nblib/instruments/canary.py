@@ -20,9 +20,18 @@ cache: every page in some request's live range, the pages the step stores into, 
 and a fresh sample of FREE_SAMPLE free pages each replay, so a live overwrite is always caught and a
 stray free-page write is caught in proportion. `free_sample=None` checksums every page (the
 campaign's canary). On CUDA the checksums are one Triton kernel over the chosen pages
-(kernels.checksum), on the current stream after the replay, and a small copy to the host.
+(kernels.checksum), on the current stream after the replay.
+
+The host's work per replay is a fixed number of tensor ops on the cache's device, whatever the
+batch's page count: the watched pages are a mask built from the page table (or the step's
+live_pages) in one scatter, the free sample is the smallest keys of one random draw per page, the
+before checksums stay on the device, and after() classifies the changed pages there and brings back
+their ids and classes (usually a handful) with the counts in one transfer. Two syncs: torch.nonzero
+sizing the watched ids in before(), that transfer in after(). expected_pages, batch_live_pages,
+_live and classify are the host definitions the device path reproduces (the tests hold it to them).
 """
 
+import numpy as np
 import torch
 
 from kernels import checksum as ck
@@ -33,7 +42,7 @@ from nblib.engine.runner import Runner
 SCRATCH_PAGE = 0
 CLASSES = ("expected", "scratch", "live_overwrite", "free_write")
 FREE_SAMPLE = 64  # free pages checksummed per replay, drawn afresh each time
-_CHUNK_PAGES = 256  # bounds the int64 temporary on a 42000-page cache to ~32 MB
+_CHUNK_WORDS = 1 << 20  # the CPU path's int64 temporary: 8 MB (256 bf16 pages of 64 x 128)
 
 
 def _words(cache):
@@ -49,7 +58,7 @@ def _words(cache):
 def page_checksums(cache, page_ids=None):
     """One int64 per page (all pages, or those in page_ids): sum of its 32-bit words, each times an
     odd, position-dependent weight (so a moved or swapped entry changes it too). Wraps on overflow,
-    identically on CPU and CUDA. CUDA: the Triton kernel; CPU: torch, in chunks of pages."""
+    identically on CPU and CUDA. CUDA: the Triton kernel; CPU: torch, in chunks of 2^20 words."""
     if page_ids is None:
         page_ids = torch.arange(cache.shape[0], device=cache.device)
     if cache.device.type == "cuda":
@@ -59,8 +68,9 @@ def page_checksums(cache, page_ids=None):
     weight = torch.arange(n, device=cache.device, dtype=torch.int64) * 2654435761 + 0x9E3779B9
     weight |= 1
     out = torch.empty(page_ids.shape[0], dtype=torch.int64, device=cache.device)
-    for lo in range(0, page_ids.shape[0], _CHUNK_PAGES):
-        hi = min(lo + _CHUNK_PAGES, page_ids.shape[0])
+    chunk = max(1, _CHUNK_WORDS // n)
+    for lo in range(0, page_ids.shape[0], chunk):
+        hi = min(lo + chunk, page_ids.shape[0])
         out[lo:hi] = (words[page_ids[lo:hi]].to(torch.int64) * weight).sum(1)
     return out
 
@@ -88,6 +98,71 @@ def _live(step):
     return live if live is not None else batch_live_pages(step["page_table"], step["seq_lens"])
 
 
+def _as_index(pages, device):
+    """Page ids given as a tensor, or as a set or list of ints (run_sessions' live_pages): an int64
+    tensor on `device` (numpy reads a set of 14000 ints some 8x faster than torch.tensor)."""
+    if isinstance(pages, torch.Tensor):
+        return pages.to(device=device, dtype=torch.long)
+    return torch.from_numpy(np.fromiter(pages, dtype=np.int64, count=len(pages))).to(device)
+
+
+def step_pages(step, device):
+    """(live, stores): page ids (int32 or int64) on `device`, from tensor ops alone. live: the step's
+    live_pages, else the batch's page_table[r, :ceil(seq_len / 64)] (page 0 where a row holds
+    fewer); stores: store_slots // 64. Either may hold duplicates and the scratch page."""
+    given = step.get("live_pages")
+    if given is not None:
+        live = _as_index(given, device)
+    else:
+        table = step["page_table"].to(device)
+        first = torch.arange(0, table.shape[1] * PAGE, PAGE, device=device)  # a column's first entry
+        held = first < step["seq_lens"].to(device)[:, None]  # column c < ceil(n / 64)
+        live = torch.where(held, table, SCRATCH_PAGE).flatten()
+    return live, step["store_slots"].to(device, torch.int64) // PAGE
+
+
+def page_classes(live, stores, num_pages):
+    """int64 [num_pages]: the class each page would get from classify if it changed, as 1 + its
+    index in CLASSES (expected 1, scratch 2, live_overwrite 3, free_write 4), from step_pages'
+    ids in four ops. A page's duplicates all write the same value; later writes take precedence,
+    as classify's earlier tests do."""
+    cls = torch.full((num_pages,), 4, dtype=torch.int64, device=live.device)
+    cls[live] = 3
+    cls[stores] = 1
+    cls[SCRATCH_PAGE] = 2  # never expected: its writes are the scratch slot's
+    return cls
+
+
+def sample_free(keep, k, gen):
+    """min(k, pages) distinct page ids: min(k, free) of them drawn uniformly without replacement
+    from the pages not in `keep` (bool [pages]), the rest (only when fewer are free) pages of keep.
+    The k smallest of one uniform key per page, kept pages' keys pushed past every free one: a
+    fixed-size draw (no sync, no permutation of the free pages); `gen` on keep's device."""
+    keys = torch.rand(keep.shape[0], generator=gen, device=keep.device, dtype=torch.float64)
+    keys.masked_fill_(keep, 2.0)
+    return torch.topk(keys, min(k, keep.shape[0]), largest=False, sorted=False).indices
+
+
+CHANGED_CAP = 512  # changed pages brought back in after()'s one transfer; more take a second
+
+
+def changed_pages(changed, ids, classes, cap=CHANGED_CAP):
+    """(changed count, distinct expected pages, pages, codes): the changed pages among `ids`
+    (ascending, numpy) and their page_classes codes, brought back with the counts in one
+    transfer of cap + 2 int64 (a second when more than `cap` changed)."""
+    enc = ids * 8 + classes[ids]
+    pos = torch.cumsum(changed, 0) - 1
+    slot = torch.where(changed & (pos < cap), pos + 2, cap + 2)  # cap + 2: a bin, dropped
+    out = torch.full((cap + 3,), -1, dtype=torch.int64, device=ids.device)
+    out.scatter_(0, slot, enc)
+    out[0] = changed.sum()
+    out[1] = (classes == 1).sum()
+    host = out[: cap + 2].cpu().numpy()
+    n_changed, n_expected = int(host[0]), int(host[1])
+    got = host[2 : 2 + n_changed] if n_changed <= cap else enc[changed].cpu().numpy()
+    return n_changed, n_expected, got >> 3, got & 7
+
+
 def classify(changed, expected, live):
     """{page: class} for each changed page (see the module docstring)."""
     out = {}
@@ -105,7 +180,10 @@ def classify(changed, expected, live):
 
 class Canary:
     """Per-page checksums of the model's index-K cache around each replay (an instrument for
-    run_sessions: before(step), after(step)); `records` holds one dict per step."""
+    run_sessions: before(step), after(step)); `records` holds one dict per step.
+
+    The sample of free pages is drawn with a generator on the cache's device, seeded by `seed`: a
+    fresh sample each replay, the same sequence of samples for the same seed and steps."""
 
     def __init__(self, model, tensor=None, free_sample=FREE_SAMPLE, seed=0):
         cache = model.index_cache
@@ -124,50 +202,59 @@ class Canary:
             )
         self.model, self.cache = model, cache
         self.free_sample = free_sample
-        self._rng = torch.Generator().manual_seed(seed)
+        self._rng = torch.Generator(device=cache.device).manual_seed(seed)
         self.records = []
-        self._before = self._ids = None
+        self._scratch = torch.tensor([SCRATCH_PAGE], device=cache.device)
+        self._before = self._ids = self._step_pages = None
+
+    def _pages(self, step):
+        """step_pages(step), once per replay: before() keeps them for after(), so after() makes no
+        host-to-device copy (a blocking one would wait for the replay)."""
+        if self._step_pages is None or self._step_pages[0] is not step:
+            self._step_pages = (step, *step_pages(step, self.cache.device))
+        return self._step_pages[1:]
 
     def watched(self, step):
-        """The page ids to checksum around this step: None (every page), or the live, expected and
-        scratch pages plus a fresh sample of free ones."""
+        """The page ids to checksum around this step, ascending, on the cache's device: None (every
+        page), or the live, expected and scratch pages plus a fresh sample of free ones."""
         if self.free_sample is None or step is None:
             return None
-        keep = set(_live(step)) | expected_pages(step["store_slots"]) | {SCRATCH_PAGE}
-        free = torch.ones(self.cache.shape[0], dtype=torch.bool)
-        free[list(keep)] = False
-        free = torch.nonzero(free).flatten()
-        pick = free[torch.randperm(len(free), generator=self._rng)[: self.free_sample]]
-        return torch.tensor(sorted(keep) + sorted(pick.tolist()), dtype=torch.long)
+        live, stores = self._pages(step)
+        keep = torch.zeros(self.cache.shape[0], dtype=torch.bool, device=self.cache.device)
+        keep[torch.cat([live, stores, self._scratch])] = True
+        keep[sample_free(keep, self.free_sample, self._rng)] = True
+        return torch.nonzero(keep).flatten()  # a sync: the count sizes the checksum kernel
 
     def checksums(self, page_ids=None):
         return page_checksums(self.cache, page_ids).cpu()
 
     def before(self, step=None):
+        self._step_pages = None  # fresh each replay, even when the same step dict comes back
+        if step is not None:
+            self._pages(step)  # any host-to-device copy happens here, before the replay
         self._ids = self.watched(step)
-        self._before = self.checksums(self._ids)
+        self._before = page_checksums(self.cache, self._ids)  # stays on the device
 
     def after(self, step):
         """Checksums again; classify the pages that changed since before()."""
         if self._before is None:
             raise RuntimeError("canary.after() without canary.before(): no checksums to compare with")
-        now = self.checksums(self._ids)
-        changed = torch.nonzero(now != self._before).flatten()
-        changed = (changed if self._ids is None else self._ids[changed]).tolist()
-        watched = self.cache.shape[0] if self._ids is None else len(self._ids)
-        self._before = self._ids = None
-        expected = expected_pages(step["store_slots"])
-        live = _live(step)
-        cls = classify(changed, expected, live)
-        by = {c: sorted(p for p, k in cls.items() if k == c) for c in CLASSES}
+        ids = self._ids
+        if ids is None:
+            ids = torch.arange(self.cache.shape[0], device=self.cache.device)
+        changed = page_checksums(self.cache, self._ids) != self._before
+        classes = page_classes(*self._pages(step), self.cache.shape[0])
+        self._before = self._ids = self._step_pages = None
+        n_changed, n_expected, pages, codes = changed_pages(changed, ids, classes)
+        by = {c: pages[codes == i + 1].tolist() for i, c in enumerate(CLASSES)}
         rec = dict(
             step=step.get("index", len(self.records)),
             bucket=step.get("bucket"),
             bs=step.get("bs"),
-            watched=watched,
-            changed=len(changed),
-            expected=len(expected),
-            expected_unchanged=len(expected - set(changed)),
+            watched=len(ids),
+            changed=n_changed,
+            expected=n_expected,
+            expected_unchanged=n_expected - len(by["expected"]),
             outside_live=len(by["scratch"]) + len(by["free_write"]),
             live_overwrites=by["live_overwrite"],
             free_writes=by["free_write"],
