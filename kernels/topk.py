@@ -131,7 +131,7 @@ def _kth_largest_prefix(keys, k, PASSES: tl.constexpr):
     t = tl.zeros([], tl.uint32)
     k_rem = k + tl.zeros([], tl.int32)
     for p in tl.static_range(PASSES):
-        SH: tl.constexpr = 24 - 8 * p
+        SH = 24 - 8 * p  # constexpr: p is a static_range index
         ok = keys >= 0  # every key at the first pass, then those matching the prefix so far
         if p > 0:
             ok = (keys >> (SH + 8)) == (t >> (SH + 8))
@@ -387,7 +387,8 @@ def topk_indices_triton(logits, k, lengths=None, out=None, *, config=None):
 
 
 def compile_cases(arch):
-    """The launches for kernels.compile_check: the model's shape, with and without lengths."""
+    """The launches for kernels.compile_check: the model's shape, with and without lengths, and
+    the select kernel with the histogram bound."""
 
     x, lens = torch.empty(32, 65536), torch.zeros(32, dtype=torch.int32)
     cases = []
@@ -395,6 +396,9 @@ def compile_cases(arch):
         maxima, select = plan_topk(x, 512, lengths)
         cases.append(Case(f"topk_maxima{tag}", maxima, tensor_core=False, tma=False))
         cases.append(Case(f"topk_select{tag}", select, tensor_core=False, tma=False))
+    # the histogram bound the sweep times (the interpreter does not hold constexprs to the rules)
+    _, select = plan_topk(x, 512, config=dict(bound_passes=2))
+    cases.append(Case("topk_select_histogram_bound", select, tensor_core=False, tma=False))
     return cases
 
 
