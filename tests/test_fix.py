@@ -40,3 +40,31 @@ def test_speed_rows_carry_the_keys_results_json_promises():
     row = fix.speed(times({8: (0.4, 0.5, 0.41, 0.42)}))[0]
     assert {"bucket", "overlap_on_ms", "overlap_off_ms", "persistent_ms", "record_stream_ms"} <= set(row)
     assert abs(row["overlap_gain"] - 0.25) < 1e-12 and abs(row["persistent_kept"] - 0.9) < 1e-9
+
+
+def test_step_times_interleave_the_variants_replay_by_replay():
+    """Each round times one replay of every variant, so a drift during the measurement cannot
+    favour the variant timed first; every row has its own replays and none of the warm-up."""
+    from nblib.backends.sim import SimDevice
+    from nblib.publish import params as P
+
+    prof = P.load(P.ROOT / "params" / "ci.yaml")
+    order, clock = [], iter(range(10_000))
+
+    def measure(fn):
+        fn()
+        order.append(id(fn.func.__self__))  # the runner this replay ran on
+        return float(next(clock))
+
+    variants = [fix.BUGGY, "persistent buffer"]
+    rows = fix.step_times(SimDevice(), prof["model"], [1, 2], variants, replays=3, warmup=2, measure=measure)
+    assert [(r["variant"], r["bucket"], r["replays"]) for r in rows] == [
+        (fix.BUGGY, 1, 3),
+        ("persistent buffer", 1, 3),
+        (fix.BUGGY, 2, 3),
+        ("persistent buffer", 2, 3),
+    ]
+    runners = order[:2]
+    assert runners[0] != runners[1] and order == runners * 10  # alternating, 5 rounds x 2 buckets
+    # the clock ticks once per replay: bucket 1's timed replays are rounds 3-5 (ticks 4-9)
+    assert rows[0]["median_ms"] == 6.0 and rows[1]["median_ms"] == 7.0

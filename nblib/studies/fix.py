@@ -131,31 +131,45 @@ def audits(dev, model, buckets, variants, index_dtype="bf16"):
     return out
 
 
-def step_times(dev, model, buckets, variants, replays=200, warmup=10, index_dtype="bf16", seed=0):
+def step_times(
+    dev, model, buckets, variants, replays=200, warmup=10, index_dtype="bf16", seed=0, measure=None
+):
     """Decode-step (graph replay) time per bucket and variant: a full batch at half the longest
-    context, `replays` timed replays after `warmup`; median and quartiles in ms."""
-    method, measure = timer(dev)
-    rows = []
-    for v in variants:
+    context, `replays` timed replays after `warmup`; median and quartiles in ms.
+
+    The variants take turns, one replay each, round after round: whatever drifts while they are
+    timed (clocks, heat, another process's load on the host that launches the replays) falls on
+    every variant alike, so their ratios compare like with like. measure: a timer from
+    overhead.timer (default: the device's own)."""
+    method, measure = timer(dev) if measure is None else ("given", measure)
+    runners = {}
+    for v in variants:  # every variant captured first: all their graphs are live together
         m = _model(dev, model, v, index_dtype)
-        runner = Runner(m, buckets, "graph").capture()
-        for b in sorted(buckets):
-            args = full_batch(m, b, seed)
-            ts = timed(measure, partial(runner.run, *args), replays, warmup)
-            q = statistics.quantiles(ts, n=4)
+        runners[v] = (m, Runner(m, buckets, "graph").capture())
+    rows = []
+    for b in sorted(buckets):
+        calls = {v: partial(r.run, *full_batch(m, b, seed)) for v, (m, r) in runners.items()}
+        ts = {v: [] for v in variants}
+        for i in range(warmup + replays):
+            for v in variants:
+                t = measure(calls[v])
+                if i >= warmup:
+                    ts[v].append(t)
+        for v in variants:
+            q = statistics.quantiles(ts[v], n=4)
             rows.append(
                 dict(
                     variant=v,
                     bucket=b,
-                    median_ms=statistics.median(ts),
+                    median_ms=statistics.median(ts[v]),
                     q1_ms=q[0],
                     q3_ms=q[2],
                     replays=replays,
                     method=method,
                 )
             )
-        del runner, m
-        gc.collect()
+    del runners
+    gc.collect()
     return rows
 
 
