@@ -195,3 +195,9 @@ def test_on_the_simulator_run_sessions_gives_both_canaries_the_same_records(over
     build.bucket_run(runner, W, 4, [eager, graphed])
     assert graphed.records == eager.records and len(eager.records) > 10
     assert sum(r["changed"] for r in graphed.records) > 0
+
+
+def test_classes_of_is_page_classes():
+    for seed in range(10):
+        live, stores = canary.step_pages(random_step(seed, live_pages=seed % 2 == 1), "cpu")
+        assert torch.equal(G.classes_of(live, stores, P), canary.page_classes(live, stores, P))

@@ -35,6 +35,16 @@ from nblib.instruments import canary as C
 FREE = 4  # page_classes' code for a page in no live range and not expected: the unwatched unless sampled
 
 
+def classes_of(live, stores, num_pages):
+    """canary.page_classes in ops that capture: index_fill_ and fill_ with a scalar are kernels,
+    where tensor[idx] = 3 may stage the 3 through a host copy (a sync, which capture refuses)."""
+    cls = torch.full((num_pages,), FREE, dtype=torch.int64, device=live.device)
+    cls.index_fill_(0, live.long(), 3)
+    cls.index_fill_(0, stores, 1)
+    cls.narrow(0, C.SCRATCH_PAGE, 1).fill_(2)  # never expected: its writes are the scratch slot's
+    return cls
+
+
 def batch_classes(page_table, seq_lens, store_slots, num_pages, use_table=None, live_mask=None):
     """int64 [num_pages]: canary.page_classes from a StaticBatch's tensors, in fixed shapes. Live
     pages: page_table[r, :ceil(seq_len / 64)] while use_table (bool [1], or None: always) holds,
@@ -45,7 +55,7 @@ def batch_classes(page_table, seq_lens, store_slots, num_pages, use_table=None, 
     if use_table is not None:
         held = held & use_table
     live = torch.where(held, page_table, C.SCRATCH_PAGE).flatten()
-    cls = C.page_classes(live, store_slots.long() // PAGE, num_pages)
+    cls = classes_of(live, store_slots.long() // PAGE, num_pages)
     if live_mask is not None:
         cls = torch.where(live_mask & (cls == FREE), 3, cls)
     return cls
@@ -58,7 +68,7 @@ def watched_mask(classes, k, gen=None):
         return torch.ones_like(classes, dtype=torch.bool)
     keep = classes != FREE
     if k:
-        keep[C.sample_free(keep, k, gen)] = True
+        keep.index_fill_(0, C.sample_free(keep, k, gen), True)
     return keep
 
 
@@ -75,9 +85,7 @@ def pack_changed(changed, classes, watched, cap=C.CHANGED_CAP):
     slot = torch.where(changed & (pos < cap), pos + 3, cap + 3)  # cap + 3: a bin, dropped
     out = torch.full((cap + 4,), -1, dtype=torch.int64, device=changed.device)
     out.scatter_(0, slot, ids * 8 + classes)
-    out[0] = changed.sum()
-    out[1] = (classes == 1).sum()
-    out[2] = watched.sum()
+    out[:3] = torch.stack((changed.sum(), (classes == 1).sum(), watched.sum()))  # device to device
     return out[: cap + 3]
 
 
