@@ -201,3 +201,22 @@ def test_classes_of_is_page_classes():
     for seed in range(10):
         live, stores = canary.step_pages(random_step(seed, live_pages=seed % 2 == 1), "cpu")
         assert torch.equal(G.classes_of(live, stores, P), canary.page_classes(live, stores, P))
+
+
+def test_captured_through_the_simulator_no_host_sync_and_the_eager_records():
+    """The simulator's capture refuses what CUDA's refuses for host syncs (.item(), nonzero, a
+    blocking copy): the graphed canary's two graphs capture there, and their replays give the eager
+    canary's records over the workload (no free-page writes with overlap off, so the different
+    free samples cannot tell them apart)."""
+    from test_canary import CI, W
+
+    from nblib.backends import device
+    from nblib.engine import build
+    from nblib.engine.runner import Runner
+
+    m = build.model(device.get("sim"), CI, overlap="off")
+    runner = Runner(m, [2, 4]).capture()
+    eager, graphed = Canary(m), G.GraphedCanary(runner, capture=True).capture()
+    assert all(g.graph is not None for pair in graphed._graphs.values() for g in pair)
+    build.bucket_run(runner, W, 4, [eager, graphed])
+    assert graphed.records == eager.records and len(eager.records) > 10

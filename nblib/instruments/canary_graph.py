@@ -128,12 +128,15 @@ class _Graphed:
 class GraphedCanary(C.Canary):
     """The canary with its device work in CUDA graphs (see the module docstring); the same records,
     summary and describe() as Canary. Reads the runner's StaticBatch tensors, so it instruments that
-    runner's replays only (run_sessions, overhead.replay_times)."""
+    runner's replays only (run_sessions, overhead.replay_times). capture: None captures on CUDA
+    only; True captures through the simulator's facade too (its capture refuses host syncs, as
+    CUDA's does), the free sample then from the default generator as on CUDA."""
 
-    def __init__(self, runner, free_sample=C.FREE_SAMPLE, seed=0, cap=C.CHANGED_CAP):
+    def __init__(self, runner, free_sample=C.FREE_SAMPLE, seed=0, cap=C.CHANGED_CAP, capture=None):
         super().__init__(runner.model, free_sample=free_sample, seed=seed)
         self.runner, self.cap = runner, cap
         self.cuda = self.cache.device.type == "cuda"
+        self.graphed = self.cuda if capture is None else bool(capture)
         d, pages = self.cache.device, self.cache.shape[0]
         self._all = torch.arange(pages, device=d)
         self._start = torch.zeros(pages, dtype=torch.int64, device=d)  # before()'s checksums
@@ -145,7 +148,7 @@ class GraphedCanary(C.Canary):
         self._bucket = None
 
     def _capture(self, bucket):
-        st, cache, gen = self.runner.static[bucket], self.cache, None if self.cuda else self._rng
+        st, cache, gen = self.runner.static[bucket], self.cache, None if self.graphed else self._rng
 
         def before():
             self._start.copy_(all_checksums(cache, self._all))
@@ -159,7 +162,7 @@ class GraphedCanary(C.Canary):
             changed = (now != self._start) & watched
             return changed, classes, pack_changed(changed, classes, watched, self.cap)
 
-        dev = self.runner.dev if self.cuda else None
+        dev = self.runner.dev if self.graphed else None
         return _Graphed(before, dev), _Graphed(after, dev)
 
     def capture(self, *buckets):
