@@ -32,7 +32,7 @@ def main(argv=None):
         dev, prof["model"], max(prof["buckets"]), a.replays, logits_policy="transient", seed=prof["seed"]
     )
     for r in rows:
-        print(f"{r['instrument']:8s} {r['median_ms']:.3f} ms  x{r['ratio'] or 1:.2f}  ({r['method']})")
+        print(f"{r['instrument']:14s} {r['median_ms']:.3f} ms  x{r['ratio'] or 1:.2f}  ({r['method']})")
     out = Path(a.out) / "instrument_cost.json"
     info = meta(profile=Path(a.params).name)
     write_atomic(out, json.dumps(dict(meta=info, rows=rows), indent=2))

@@ -163,6 +163,25 @@ def changed_pages(changed, ids, classes, cap=CHANGED_CAP):
     return n_changed, n_expected, got >> 3, got & 7
 
 
+def record(step, n_before, watched, n_changed, n_expected, pages, codes):
+    """One step's record from changed_pages' answer (pages and their codes, numpy); n_before: the
+    records already kept (the step's index when it has none). The eager and graphed canaries share it."""
+    by = {c: pages[codes == i + 1].tolist() for i, c in enumerate(CLASSES)}
+    return dict(
+        step=step.get("index", n_before),
+        bucket=step.get("bucket"),
+        bs=step.get("bs"),
+        watched=watched,
+        changed=n_changed,
+        expected=n_expected,
+        expected_unchanged=n_expected - len(by["expected"]),
+        outside_live=len(by["scratch"]) + len(by["free_write"]),
+        live_overwrites=by["live_overwrite"],
+        free_writes=by["free_write"],
+        scratch=bool(by["scratch"]),
+    )
+
+
 def classify(changed, expected, live):
     """{page: class} for each changed page (see the module docstring)."""
     out = {}
@@ -246,20 +265,7 @@ class Canary:
         classes = page_classes(*self._pages(step), self.cache.shape[0])
         self._before = self._ids = self._step_pages = None
         n_changed, n_expected, pages, codes = changed_pages(changed, ids, classes)
-        by = {c: pages[codes == i + 1].tolist() for i, c in enumerate(CLASSES)}
-        rec = dict(
-            step=step.get("index", len(self.records)),
-            bucket=step.get("bucket"),
-            bs=step.get("bs"),
-            watched=len(ids),
-            changed=n_changed,
-            expected=n_expected,
-            expected_unchanged=n_expected - len(by["expected"]),
-            outside_live=len(by["scratch"]) + len(by["free_write"]),
-            live_overwrites=by["live_overwrite"],
-            free_writes=by["free_write"],
-            scratch=bool(by["scratch"]),
-        )
+        rec = record(step, len(self.records), len(ids), n_changed, n_expected, pages, codes)
         self.records.append(rec)
         return rec
 

@@ -14,6 +14,7 @@ from nblib.engine import build
 from nblib.engine.build import full_batch
 from nblib.engine.runner import Runner
 from nblib.instruments.canary import Canary
+from nblib.instruments.canary_graph import GraphedCanary
 from nblib.instruments.gediff import GEDiff
 
 
@@ -72,15 +73,19 @@ def replay_times(
     logits_policy="transient",
     seed=0,
 ):
-    """Median replay time (ms) for neither, canary, gediff. ratio: median over neither's median
-    (None for neither itself, the reference); calls: the instrument's own records, one per timed or
-    warmup replay, so a row whose instrument never ran shows it."""
+    """Median replay time (ms) for neither, canary, gediff, and on CUDA canary_graphed (the canary
+    in CUDA graphs, nblib.instruments.canary_graph, captured before timing). ratio: median over
+    neither's median (None for neither itself, the reference); calls: the instrument's own records,
+    one per timed or warmup replay, so a row whose instrument never ran shows it."""
     method, measure = timer(dev)
     out = []
-    for name in ("neither", "canary", "gediff"):
+    names = ("neither", "canary", "gediff") + (("canary_graphed",) if dev.name == "cuda" else ())
+    for name in names:
         m = build.model(dev, model, index_dtype=index_dtype, overlap=overlap, logits_policy=logits_policy)
         inst = Canary(m) if name == "canary" else GEDiff(m) if name == "gediff" else None
         runner = Runner(m, [bucket]).capture()
+        if name == "canary_graphed":
+            inst = GraphedCanary(runner).capture()
         times = timed(measure, _replay(runner, full_batch(m, bucket, seed), inst), replays, warmup)
         out.append(
             dict(

@@ -1,0 +1,213 @@
+"""The graphed canary: the canary's per-replay device work captured into two CUDA graphs per bucket.
+
+The eager canary (nblib.instruments.canary) issues some twenty small ops and one sync (sizing the
+watched ids) around each replay; the GPU idles while the host launches them. Here every op has a
+fixed shape, so each bucket's work is captured once and a replay costs two graph launches and one
+small device-to-host copy, with no host sync before the replay:
+
+  before graph   checksum every page into a fixed buffer (the step's pages are not known yet:
+                 runner.run fills the bucket's StaticBatch after before())
+  after graph    checksum every page again; from the StaticBatch's page_table, seq_lens and
+                 store_slots, the class of each page (canary.page_classes) and the watched mask
+                 (live, expected, scratch, and a fixed-k free sample: torch.rand keys on the default
+                 CUDA generator, which capture supports, each replay advancing its offset); changed
+                 = watched pages whose checksum moved; the first `cap` of them packed with the counts
+                 into one int64 buffer, brought back in one .cpu()
+
+More than `cap` changed pages take a second transfer (the changed pages themselves), as the eager
+canary's changed_pages does. The records are the eager canary's for the same pages watched; the free
+sample differs in which pages (drawn after the replay rather than before, independently of the
+cache's contents), not how many. Reproducible from torch.cuda.manual_seed.
+
+    canary = GraphedCanary(runner)             # the runner whose StaticBatch tensors it reads
+    run_sessions(runner, w, instruments=[canary])
+
+Off CUDA the same functions run eagerly (what the CPU tests hold to the eager canary's answers).
+"""
+
+import numpy as np
+import torch
+
+from nblib.engine.model import PAGE
+from nblib.engine.runner import bucket_for
+from nblib.instruments import canary as C
+
+FREE = 4  # page_classes' code for a page in no live range and not expected: the unwatched unless sampled
+
+
+def classes_of(live, stores, num_pages):
+    """canary.page_classes in ops that capture: index_fill_ and fill_ with a scalar are kernels,
+    where tensor[idx] = 3 may stage the 3 through a host copy (a sync, which capture refuses)."""
+    cls = torch.full((num_pages,), FREE, dtype=torch.int64, device=live.device)
+    cls.index_fill_(0, live.long(), 3)
+    cls.index_fill_(0, stores, 1)
+    cls.narrow(0, C.SCRATCH_PAGE, 1).fill_(2)  # never expected: its writes are the scratch slot's
+    return cls
+
+
+def batch_classes(page_table, seq_lens, store_slots, num_pages, use_table=None, live_mask=None):
+    """int64 [num_pages]: canary.page_classes from a StaticBatch's tensors, in fixed shapes. Live
+    pages: page_table[r, :ceil(seq_len / 64)] while use_table (bool [1], or None: always) holds,
+    plus those in live_mask (bool [num_pages], run_sessions' live_pages) still free: the eager
+    canary's live_pages when given, else the batch's."""
+    first = torch.arange(0, page_table.shape[1] * PAGE, PAGE, device=page_table.device)
+    held = first < seq_lens[:, None]  # column c < ceil(n / 64)
+    if use_table is not None:
+        held = held & use_table
+    live = torch.where(held, page_table, C.SCRATCH_PAGE).flatten()
+    cls = classes_of(live, store_slots.long() // PAGE, num_pages)
+    if live_mask is not None:
+        cls = torch.where(live_mask & (cls == FREE), 3, cls)
+    return cls
+
+
+def watched_mask(classes, k, gen=None):
+    """bool [pages]: the pages the eager canary's watched() returns, as a mask: every page not FREE
+    plus min(k, free) free pages drawn by canary.sample_free (k None: every page)."""
+    if k is None:
+        return torch.ones_like(classes, dtype=torch.bool)
+    keep = classes != FREE
+    if k:
+        keep.index_fill_(0, C.sample_free(keep, k, gen), True)
+    return keep
+
+
+def all_checksums(cache, ids):
+    """canary.page_checksums of every page (ids: arange(pages), kept so capture allocates no index)."""
+    return C.page_checksums(cache, ids)
+
+
+def pack_changed(changed, classes, watched, cap=C.CHANGED_CAP):
+    """int64 [cap + 3]: changed count, expected count (distinct pages of class 1), watched count,
+    then the first `cap` changed pages ascending as page * 8 + class code, -1 past them."""
+    ids = torch.arange(changed.shape[0], device=changed.device)
+    pos = torch.cumsum(changed, 0) - 1
+    slot = torch.where(changed & (pos < cap), pos + 3, cap + 3)  # cap + 3: a bin, dropped
+    out = torch.full((cap + 4,), -1, dtype=torch.int64, device=changed.device)
+    out.scatter_(0, slot, ids * 8 + classes)
+    out[:3] = torch.stack((changed.sum(), (classes == 1).sum(), watched.sum()))  # device to device
+    return out[: cap + 3]
+
+
+def unpack(host, cap=C.CHANGED_CAP):
+    """(changed, expected, watched, pages, codes) from pack_changed's buffer (numpy); pages and
+    codes None when more than `cap` changed (they were not all packed)."""
+    n_changed, n_expected, n_watched = (int(x) for x in host[:3])
+    if n_changed > cap:
+        return n_changed, n_expected, n_watched, None, None
+    got = host[3 : 3 + n_changed]
+    return n_changed, n_expected, n_watched, got >> 3, got & 7
+
+
+class _Graphed:
+    """fn() captured into a CUDA graph through the device facade `dev` (after one warm-up on a side
+    stream, which compiles the Triton kernel), on its own private pool so the canary never shares
+    the model's blocks; calling replays it and returns the captured outputs. dev None: fn() itself."""
+
+    def __init__(self, fn, dev=None):
+        self.fn, self.graph = fn, None
+        if dev is not None:
+            side = dev.Stream()
+            side.wait_stream(dev.current_stream())
+            with dev.stream(side):
+                fn()
+            dev.current_stream().wait_stream(side)
+            dev.synchronize()
+            self.graph = dev.CUDAGraph()
+            with dev.graph(self.graph):
+                self.out = fn()
+            dev.synchronize()
+
+    def __call__(self):
+        if self.graph is None:
+            return self.fn()
+        self.graph.replay()
+        return self.out
+
+
+class GraphedCanary(C.Canary):
+    """The canary with its device work in CUDA graphs (see the module docstring); the same records,
+    summary and describe() as Canary. Reads the runner's StaticBatch tensors, so it instruments that
+    runner's replays only (run_sessions, overhead.replay_times). capture: None captures on CUDA
+    only; True captures through the simulator's facade too (its capture refuses host syncs, as
+    CUDA's does), the free sample then from the default generator as on CUDA."""
+
+    def __init__(self, runner, free_sample=C.FREE_SAMPLE, seed=0, cap=C.CHANGED_CAP, capture=None):
+        super().__init__(runner.model, free_sample=free_sample, seed=seed)
+        self.runner, self.cap = runner, cap
+        self.cuda = self.cache.device.type == "cuda"
+        self.graphed = self.cuda if capture is None else bool(capture)
+        d, pages = self.cache.device, self.cache.shape[0]
+        self._all = torch.arange(pages, device=d)
+        self._start = torch.zeros(pages, dtype=torch.int64, device=d)  # before()'s checksums
+        self._use_table = torch.ones(1, dtype=torch.bool, device=d)  # the after graph's inputs
+        self._live = torch.zeros(pages, dtype=torch.bool, device=d)
+        self._host_live = torch.zeros(pages, dtype=torch.bool, pin_memory=self.cuda)
+        self._given = False  # whether _live holds a step's live_pages now
+        self._graphs = {}
+        self._bucket = None
+
+    def _capture(self, bucket):
+        st, cache, gen = self.runner.static[bucket], self.cache, None if self.graphed else self._rng
+
+        def before():
+            self._start.copy_(all_checksums(cache, self._all))
+
+        def after():
+            now = all_checksums(cache, self._all)
+            classes = batch_classes(
+                st.page_table, st.seq_lens, st.store_slots, cache.shape[0], self._use_table, self._live
+            )
+            watched = watched_mask(classes, self.free_sample, gen)
+            changed = (now != self._start) & watched
+            return changed, classes, pack_changed(changed, classes, watched, self.cap)
+
+        dev = self.runner.dev if self.graphed else None
+        return _Graphed(before, dev), _Graphed(after, dev)
+
+    def capture(self, *buckets):
+        """Capture these buckets' graphs now (default: all the runner's); else each is captured on
+        its bucket's first before(), whose replay then pays for it."""
+        for b in buckets or self.runner.buckets:
+            if b not in self._graphs:
+                self._graphs[b] = self._capture(b)
+        return self
+
+    def _set_live(self, live_pages):
+        """run_sessions' live_pages into the after graph's live mask (pinned, non-blocking: no sync);
+        the previous step's copy has finished, as after() waited for the transfer behind it."""
+        if live_pages is None:
+            if self._given:
+                self._use_table.fill_(True)
+                self._live.zero_()
+                self._given = False
+            return
+        self._host_live.zero_()
+        ids = np.fromiter(live_pages, dtype=np.int64, count=len(live_pages))
+        self._host_live[torch.from_numpy(ids)] = True
+        self._live.copy_(self._host_live, non_blocking=self.cuda)
+        if not self._given:
+            self._use_table.fill_(False)
+            self._given = True
+
+    def before(self, step=None):
+        if step is None:
+            raise ValueError("the graphed canary needs the step (its bucket and live_pages)")
+        b = bucket_for(len(step["tokens"]), self.runner.buckets)
+        self.capture(b)  # once per bucket (syncs), before the replay
+        self._graphs[b][0]()
+        self._set_live(step.get("live_pages"))  # host work while the before graph runs
+        self._bucket = b
+
+    def after(self, step):
+        if self._bucket is None:
+            raise RuntimeError("canary.after() without canary.before(): no checksums to compare with")
+        changed, classes, packed = self._graphs[self._bucket][1]()
+        self._bucket = None
+        n_changed, n_expected, n_watched, pages, codes = unpack(packed.cpu().numpy(), self.cap)
+        if pages is None:  # more than cap changed: a second transfer, as changed_pages does
+            got = (self._all * 8 + classes)[changed].cpu().numpy()
+            pages, codes = got >> 3, got & 7
+        rec = C.record(step, len(self.records), n_watched, n_changed, n_expected, pages, codes)
+        self.records.append(rec)
+        return rec
