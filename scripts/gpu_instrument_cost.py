@@ -29,7 +29,13 @@ def main(argv=None):
         sys.exit("gpu_instrument_cost.py: needs a CUDA GPU (notebook 02 measures the simulator's)")
     dev = device.get("cuda")
     rows = overhead.replay_times(
-        dev, prof["model"], max(prof["buckets"]), a.replays, logits_policy="transient", seed=prof["seed"]
+        dev,
+        prof["model"],
+        max(prof["buckets"]),
+        a.replays,
+        logits_policy="transient",
+        seed=prof["seed"],
+        instruments=overhead.INSTRUMENTS + ("canary_graphed",),  # the graphed canary, on trial
     )
     for r in rows:
         print(f"{r['instrument']:14s} {r['median_ms']:.3f} ms  x{r['ratio'] or 1:.2f}  ({r['method']})")

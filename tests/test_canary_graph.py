@@ -220,3 +220,17 @@ def test_captured_through_the_simulator_no_host_sync_and_the_eager_records():
     assert all(g.graph is not None for pair in graphed._graphs.values() for g in pair)
     build.bucket_run(runner, W, 4, [eager, graphed])
     assert graphed.records == eager.records and len(eager.records) > 10
+
+
+def test_notebook_02_times_the_graphed_canary_only_when_asked():
+    """overhead.replay_times keeps notebook 02's three rows unless canary_graphed is named, and a
+    bad list fails in one line before anything is built."""
+    import pytest
+
+    from nblib.instruments import overhead
+
+    assert overhead.INSTRUMENTS == ("neither", "canary", "gediff")
+    with pytest.raises(ValueError, match="instruments must start with 'neither'"):
+        overhead.replay_times(None, {}, 2, instruments=("canary", "neither"))
+    with pytest.raises(ValueError, match="instruments must start with 'neither'"):
+        overhead.replay_times(None, {}, 2, instruments=("neither", "canry"))

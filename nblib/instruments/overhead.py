@@ -62,6 +62,9 @@ def _replay(runner, batch, inst=None):
     return once
 
 
+INSTRUMENTS = ("neither", "canary", "gediff")  # notebook 02's rows
+
+
 def replay_times(
     dev,
     model,
@@ -72,15 +75,19 @@ def replay_times(
     overlap="on",
     logits_policy="transient",
     seed=0,
+    instruments=INSTRUMENTS,
 ):
-    """Median replay time (ms) for neither, canary, gediff, and on CUDA canary_graphed (the canary
-    in CUDA graphs, nblib.instruments.canary_graph, captured before timing). ratio: median over
-    neither's median (None for neither itself, the reference); calls: the instrument's own records,
-    one per timed or warmup replay, so a row whose instrument never ran shows it."""
+    """Median replay time (ms) for each of `instruments`, neither first: neither, canary, gediff,
+    and (asked for by name; it has not yet run on a GPU) canary_graphed, the canary in CUDA graphs
+    (nblib.instruments.canary_graph) captured before timing. ratio: median over neither's median
+    (None for neither itself, the reference); calls: the instrument's own records, one per timed or
+    warmup replay, so a row whose instrument never ran shows it."""
+    unknown = [i for i in instruments if i not in INSTRUMENTS + ("canary_graphed",)]
+    if unknown or instruments[:1] != ("neither",):
+        raise ValueError(f"instruments must start with 'neither' and come from {INSTRUMENTS}, canary_graphed")
     method, measure = timer(dev)
     out = []
-    names = ("neither", "canary", "gediff") + (("canary_graphed",) if dev.name == "cuda" else ())
-    for name in names:
+    for name in instruments:
         m = build.model(dev, model, index_dtype=index_dtype, overlap=overlap, logits_policy=logits_policy)
         inst = Canary(m) if name == "canary" else GEDiff(m) if name == "gediff" else None
         runner = Runner(m, [bucket]).capture()
