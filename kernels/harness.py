@@ -47,7 +47,16 @@ def _replay_ms(fn, calls, replays):
             cache.zero_()
             if fn is not None:
                 fn()
-    graph.replay()  # warm-up
+    times = replay_ms(graph, replays)
+    del graph
+    return times
+
+
+def replay_ms(graph, replays, warmup=1):
+    """Milliseconds of each of `replays` replays of a captured CUDA graph, timed with CUDA events
+    after `warmup` untimed ones: the one timing loop every graph measurement here uses."""
+    for _ in range(warmup):
+        graph.replay()
     times = []
     for _ in range(replays):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -56,7 +65,6 @@ def _replay_ms(fn, calls, replays):
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end))
-    del graph
     return times
 
 

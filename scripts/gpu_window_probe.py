@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 import yaml
 
+from kernels.harness import replay_ms
 from nblib.backends import device
 from nblib.backends.device import cuda_graph_seconds
 from nblib.core import results
@@ -113,16 +114,8 @@ def main():
                     args = full_batch(m, b, ctx=ctx)
                     st = runner.static[b]
                     st.fill(*args)
-                    g = runner.graphs[b][0]
-                    ts = []
-                    for _ in range(a.reps + 3):
-                        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                        e0.record()
-                        g.replay()
-                        e1.record()
-                        e1.synchronize()
-                        ts.append(e0.elapsed_time(e1))
-                    r["step"].setdefault(f"{b}/{ctx}", {})[ov] = statistics.median(ts[3:])
+                    ts = replay_ms(runner.graphs[b][0], a.reps, warmup=3)
+                    r["step"].setdefault(f"{b}/{ctx}", {})[ov] = statistics.median(ts)
             if ov == "on":
                 for b in a.run_buckets or a.buckets:
                     w = WorkloadConfig(**{**wl, "concurrency": b})

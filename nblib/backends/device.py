@@ -100,14 +100,6 @@ def cuda_graph_seconds(fn, replays, warmup=10):
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         fn()
-    for _ in range(warmup):
-        g.replay()
-    ts = []
-    for _ in range(replays):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b) * 1e-3)
-    return ts
+    from kernels.harness import replay_ms  # lazily: it imports Triton
+
+    return [ms * 1e-3 for ms in replay_ms(g, replays, warmup)]
