@@ -197,12 +197,6 @@ def test_on_the_simulator_run_sessions_gives_both_canaries_the_same_records(over
     assert sum(r["changed"] for r in graphed.records) > 0
 
 
-def test_classes_of_is_page_classes():
-    for seed in range(10):
-        live, stores = canary.step_pages(random_step(seed, live_pages=seed % 2 == 1), "cpu")
-        assert torch.equal(G.classes_of(live, stores, P), canary.page_classes(live, stores, P))
-
-
 def test_captured_through_the_simulator_no_host_sync_and_the_eager_records():
     """The simulator's capture refuses what CUDA's refuses for host syncs (.item(), nonzero, a
     blocking copy): the graphed canary's two graphs capture there, and their replays give the eager

@@ -114,22 +114,30 @@ def step_pages(step, device):
     if given is not None:
         live = _as_index(given, device)
     else:
-        table = step["page_table"].to(device)
-        first = torch.arange(0, table.shape[1] * PAGE, PAGE, device=device)  # a column's first entry
-        held = first < step["seq_lens"].to(device)[:, None]  # column c < ceil(n / 64)
-        live = torch.where(held, table, SCRATCH_PAGE).flatten()
+        live = table_live(step["page_table"].to(device), step["seq_lens"].to(device))
     return live, step["store_slots"].to(device, torch.int64) // PAGE
+
+
+def table_live(page_table, seq_lens, use=None):
+    """page_table[r, :ceil(seq_len / 64)] as one flat tensor of page ids, fixed-shape: page 0 where
+    a row holds fewer (and everywhere while `use`, a bool tensor, is False)."""
+    first = torch.arange(0, page_table.shape[1] * PAGE, PAGE, device=page_table.device)
+    held = first < seq_lens[:, None]  # column c < ceil(n / 64): c's first entry is held
+    if use is not None:
+        held = held & use
+    return torch.where(held, page_table, SCRATCH_PAGE).flatten()
 
 
 def page_classes(live, stores, num_pages):
     """int64 [num_pages]: the class each page would get from classify if it changed, as 1 + its
     index in CLASSES (expected 1, scratch 2, live_overwrite 3, free_write 4), from step_pages'
     ids in four ops. A page's duplicates all write the same value; later writes take precedence,
-    as classify's earlier tests do."""
+    as classify's earlier tests do. index_fill_ and fill_ are kernels, so a CUDA graph can capture
+    them (tensor[idx] = 3 may stage the 3 through a host copy, which capture refuses)."""
     cls = torch.full((num_pages,), 4, dtype=torch.int64, device=live.device)
-    cls[live] = 3
-    cls[stores] = 1
-    cls[SCRATCH_PAGE] = 2  # never expected: its writes are the scratch slot's
+    cls.index_fill_(0, live.long(), 3)
+    cls.index_fill_(0, stores.long(), 1)
+    cls.narrow(0, SCRATCH_PAGE, 1).fill_(2)  # never expected: its writes are the scratch slot's
     return cls
 
 
@@ -146,21 +154,39 @@ def sample_free(keep, k, gen):
 CHANGED_CAP = 512  # changed pages brought back in after()'s one transfer; more take a second
 
 
+def pack(changed, enc, counts, cap=CHANGED_CAP):
+    """int64 [len(counts) + cap]: the counts (0-dim tensors), then enc where changed, the first
+    `cap` of them in order, -1 past them: what after() brings back in one transfer, fixed-shape."""
+    head = len(counts)
+    pos = torch.cumsum(changed, 0) - 1
+    slot = torch.where(changed & (pos < cap), pos + head, cap + head)  # cap + head: a bin, dropped
+    out = torch.full((cap + head + 1,), -1, dtype=torch.int64, device=changed.device)
+    out.scatter_(0, slot, enc)
+    out[:head] = torch.stack(counts)  # device to device
+    return out[: cap + head]
+
+
+def unpack(host, head, cap=CHANGED_CAP):
+    """(counts, pages, codes) from pack's buffer (numpy), enc being page * 8 + class code; pages and
+    codes None when more than `cap` changed (the first count), as they were not all packed."""
+    counts = tuple(int(x) for x in host[:head])
+    if counts[0] > cap:
+        return counts, None, None
+    got = host[head : head + counts[0]]
+    return counts, got >> 3, got & 7
+
+
 def changed_pages(changed, ids, classes, cap=CHANGED_CAP):
     """(changed count, distinct expected pages, pages, codes): the changed pages among `ids`
     (ascending, numpy) and their page_classes codes, brought back with the counts in one
     transfer of cap + 2 int64 (a second when more than `cap` changed)."""
     enc = ids * 8 + classes[ids]
-    pos = torch.cumsum(changed, 0) - 1
-    slot = torch.where(changed & (pos < cap), pos + 2, cap + 2)  # cap + 2: a bin, dropped
-    out = torch.full((cap + 3,), -1, dtype=torch.int64, device=ids.device)
-    out.scatter_(0, slot, enc)
-    out[0] = changed.sum()
-    out[1] = (classes == 1).sum()
-    host = out[: cap + 2].cpu().numpy()
-    n_changed, n_expected = int(host[0]), int(host[1])
-    got = host[2 : 2 + n_changed] if n_changed <= cap else enc[changed].cpu().numpy()
-    return n_changed, n_expected, got >> 3, got & 7
+    host = pack(changed, enc, (changed.sum(), (classes == 1).sum()), cap).cpu().numpy()
+    (n_changed, n_expected), pages, codes = unpack(host, 2, cap)
+    if pages is None:
+        got = enc[changed].cpu().numpy()
+        pages, codes = got >> 3, got & 7
+    return n_changed, n_expected, pages, codes
 
 
 def record(step, n_before, watched, n_changed, n_expected, pages, codes):

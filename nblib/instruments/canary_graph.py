@@ -35,27 +35,13 @@ from nblib.instruments import canary as C
 FREE = 4  # page_classes' code for a page in no live range and not expected: the unwatched unless sampled
 
 
-def classes_of(live, stores, num_pages):
-    """canary.page_classes in ops that capture: index_fill_ and fill_ with a scalar are kernels,
-    where tensor[idx] = 3 may stage the 3 through a host copy (a sync, which capture refuses)."""
-    cls = torch.full((num_pages,), FREE, dtype=torch.int64, device=live.device)
-    cls.index_fill_(0, live.long(), 3)
-    cls.index_fill_(0, stores, 1)
-    cls.narrow(0, C.SCRATCH_PAGE, 1).fill_(2)  # never expected: its writes are the scratch slot's
-    return cls
-
-
 def batch_classes(page_table, seq_lens, store_slots, num_pages, use_table=None, live_mask=None):
     """int64 [num_pages]: canary.page_classes from a StaticBatch's tensors, in fixed shapes. Live
     pages: page_table[r, :ceil(seq_len / 64)] while use_table (bool [1], or None: always) holds,
     plus those in live_mask (bool [num_pages], run_sessions' live_pages) still free: the eager
     canary's live_pages when given, else the batch's."""
-    first = torch.arange(0, page_table.shape[1] * PAGE, PAGE, device=page_table.device)
-    held = first < seq_lens[:, None]  # column c < ceil(n / 64)
-    if use_table is not None:
-        held = held & use_table
-    live = torch.where(held, page_table, C.SCRATCH_PAGE).flatten()
-    cls = classes_of(live, store_slots.long() // PAGE, num_pages)
+    live = C.table_live(page_table, seq_lens, use_table)
+    cls = C.page_classes(live, store_slots.long() // PAGE, num_pages)
     if live_mask is not None:
         cls = torch.where(live_mask & (cls == FREE), 3, cls)
     return cls
@@ -78,25 +64,18 @@ def all_checksums(cache, ids):
 
 
 def pack_changed(changed, classes, watched, cap=C.CHANGED_CAP):
-    """int64 [cap + 3]: changed count, expected count (distinct pages of class 1), watched count,
-    then the first `cap` changed pages ascending as page * 8 + class code, -1 past them."""
+    """canary.pack of every page: counts changed, expected (distinct pages of class 1) and watched,
+    then the first `cap` changed pages ascending as page * 8 + class code."""
     ids = torch.arange(changed.shape[0], device=changed.device)
-    pos = torch.cumsum(changed, 0) - 1
-    slot = torch.where(changed & (pos < cap), pos + 3, cap + 3)  # cap + 3: a bin, dropped
-    out = torch.full((cap + 4,), -1, dtype=torch.int64, device=changed.device)
-    out.scatter_(0, slot, ids * 8 + classes)
-    out[:3] = torch.stack((changed.sum(), (classes == 1).sum(), watched.sum()))  # device to device
-    return out[: cap + 3]
+    counts = (changed.sum(), (classes == 1).sum(), watched.sum())
+    return C.pack(changed, ids * 8 + classes, counts, cap)
 
 
 def unpack(host, cap=C.CHANGED_CAP):
     """(changed, expected, watched, pages, codes) from pack_changed's buffer (numpy); pages and
     codes None when more than `cap` changed (they were not all packed)."""
-    n_changed, n_expected, n_watched = (int(x) for x in host[:3])
-    if n_changed > cap:
-        return n_changed, n_expected, n_watched, None, None
-    got = host[3 : 3 + n_changed]
-    return n_changed, n_expected, n_watched, got >> 3, got & 7
+    counts, pages, codes = C.unpack(host, 3, cap)
+    return (*counts, pages, codes)
 
 
 class _Graphed:
