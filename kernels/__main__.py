@@ -28,20 +28,19 @@ SWEEP_COLS = ["kind", "block_t", "tiles_per_prog", "num_warps", "num_stages", "k
 SWEEP_COLS += ["ok", "us", "gbps", "vs_default", "default", "best"]
 TOPK_SWEEP_COLS = ["stage", "block", "num_warps", "maxima", "radix_bits", "bound_bits", "bound_passes"]
 TOPK_SWEEP_COLS += ["ok", "us"]
-TOPK_SWEEP = [
-    dict(block=4096, num_warps=16),
+TOPK_SWEEP = [  # over topk.TOPK_CONFIG, its first row
+    dict(),
+    dict(radix_bits=8),
+    dict(bound_passes=0, radix_bits=8),  # the exact bound, the config before c76d4cd's sweep
+    dict(bound_passes=0),
+    dict(bound_passes=1),
+    dict(bound_passes=3),
     dict(block=2048, num_warps=8),
-    dict(block=8192, num_warps=16),
-    dict(block=4096, num_warps=16, maxima=1024),
-    dict(block=4096, num_warps=16, radix_bits=4),
-    dict(block=4096, num_warps=32),
-    dict(block=4096, num_warps=16, bound_passes=2),
-    dict(block=4096, num_warps=16, bound_passes=2, radix_bits=4),
-    dict(block=4096, num_warps=16, bound_passes=2, maxima=2048),
-    dict(block=4096, num_warps=8, bound_passes=2),
-    dict(block=4096, num_warps=16, bound_passes=1),
-    dict(block=4096, num_warps=16, bound_passes=3),
-    dict(block=4096, num_warps=16, bound_bits=4),
+    dict(block=8192),
+    dict(num_warps=8),
+    dict(num_warps=32),
+    dict(maxima=2048),
+    dict(maxima=1024),
 ]
 
 
@@ -87,7 +86,8 @@ def sweep_topk(bs=32, width=65536, k=512):
     for cfg in TOPK_SWEEP:
         got = topk.topk_indices_triton(x, k, out=out, config=cfg)
         us = median_us(lambda cfg=cfg: topk.topk_indices_triton(x, k, out=out, config=cfg), rep_ms=40)
-        rows.append(dict(kind="topk", stage="both", **cfg, ok=bool(torch.equal(got, want)), us=us))
+        full = dict(topk.TOPK_CONFIG, **cfg)
+        rows.append(dict(kind="topk", stage="both", **full, ok=bool(torch.equal(got, want)), us=us))
     # where the time goes: the sub-chunk maxima launch alone (the rest is the one-program-per-row select)
     maxima, _ = topk.plan_topk(x, k, out=out)
     rows.append(dict(kind="topk", stage="maxima", ok=None, us=median_us(lambda: run(maxima), rep_ms=40)))

@@ -16,14 +16,16 @@ Two kernels (65536 fp32 logits are 256 KB a row; one program per row could not r
   1. _row_maxima_kernel, over many programs: map each float to a uint32 key whose unsigned order
      is the float order, and keep the largest key of each sub-chunk (16 entries at 65536);
   2. _topk_kernel, one program per row:
-     a. lower bound: the k-th largest sub-chunk maximum (k distinct entries reach it), exact, or
-        (config bound_passes n > 0) its top 8n bits from n histogram passes, a looser bound;
+     a. lower bound: the k-th largest sub-chunk maximum (k distinct entries reach it): its top
+        8n bits from n histogram passes (config bound_passes n, 2 by default), or (n = 0) exact,
+        bound_bits a step;
      b. only sub-chunks whose maximum reaches it can hold a top-k entry: gather those (about 1/8
         of the row on random logits), and keep their entries that reach the bound, in index
         order (prefix sums): the candidates, typically ~k of them;
-     c. radix select among the candidates, 8 bits per pass from the top: a 256-bin histogram of
-        the keys that match the digits found so far gives the next digit of the k-th largest
-        key; stop as soon as every key left in the chosen bin is taken;
+     c. radix select among the candidates (their keys stored beside them in b, so each pass
+        reads them in order rather than gathering from the row), RADIX_BITS per pass from the
+        top: a histogram of the keys that match the digits found so far gives the next digit of
+        the k-th largest key; stop as soon as every key left in the chosen bin is taken;
      d. one pass over the candidates writes, in index order, every index above the threshold and
         the first ties: the output comes out sorted without a sort.
   Worst case (all keys equal, or sorted rows) every entry is a candidate: slower, still exact.
@@ -96,6 +98,9 @@ def ref_topk_indices(logits, k, lengths=None):
 # ---------------------------------------------------------------------------
 
 
+NEG_INF_KEY = tl.constexpr(0x007FFFFF)  # _order_key(-inf): no other float maps to it
+
+
 @triton.jit
 def _order_key(x):
     """float32 -> uint32, unsigned order == float order; NaN above +inf, -0.0 == +0.0."""
@@ -144,9 +149,19 @@ def _kth_largest_prefix(keys, k, PASSES: tl.constexpr):
 
 
 @triton.jit
-def _threshold(x_row, idx_row, n, K, GATHER: tl.constexpr, BLOCK: tl.constexpr, RADIX_BITS: tl.constexpr):
+def _threshold(
+    x_row,
+    idx_row,
+    n,
+    K,
+    GATHER: tl.constexpr,
+    BLOCK: tl.constexpr,
+    RADIX_BITS: tl.constexpr,
+    KEYS: tl.constexpr,
+):
     """Radix select of the K-th largest key among n entries of a row (entries idx_row[0:n] when
-    GATHER, else 0..n-1), RADIX_BITS per pass from the top. A 2^RADIX_BITS-bin histogram of the
+    GATHER, else 0..n-1; KEYS: x_row holds their order keys, as int32, rather than floats),
+    RADIX_BITS per pass from the top. A 2^RADIX_BITS-bin histogram of the
     next digit among keys that match the digits found so far gives the next digit; stop once
     every key left in the chosen bin is taken. Returns (prefix, shift, k_rem, take_all): entry
     t is selected if key >> shift > prefix, or == prefix and among the first k_rem such."""
@@ -164,8 +179,11 @@ def _threshold(x_row, idx_row, n, K, GATHER: tl.constexpr, BLOCK: tl.constexpr, 
             for start in range(0, n, BLOCK):
                 offs = start + tl.arange(0, BLOCK)
                 ok = offs < n
-                idx = tl.load(idx_row + offs, mask=ok, other=0) if GATHER else offs
-                key = _order_key(tl.load(x_row + idx, mask=ok, other=0.0))
+                if KEYS:
+                    key = tl.load(x_row + offs, mask=ok, other=0).to(tl.uint32, bitcast=True)
+                else:
+                    idx = tl.load(idx_row + offs, mask=ok, other=0) if GATHER else offs
+                    key = _order_key(tl.load(x_row + idx, mask=ok, other=0.0))
                 if p > 0:
                     ok = ok & ((key >> (SH + RADIX_BITS)) == prefix)
                 hist += tl.histogram(((key >> SH) & (NUM_BINS - 1)).to(tl.int32), NUM_BINS, mask=ok)
@@ -223,6 +241,7 @@ def _topk_kernel(
     max_ptr,
     sub_ptr,
     cand_ptr,
+    ckey_ptr,
     out_ptr,
     width,
     K,
@@ -244,6 +263,7 @@ def _topk_kernel(
     x_row = x_ptr + row * stride_x
     s_row = sub_ptr + row * stride_s
     c_row = cand_ptr + row * stride_c
+    ck_row = ckey_ptr + row * stride_c  # the candidates' keys: later passes read them in order
     o_row = out_ptr + row * stride_o
     n = width
     if HAS_LEN:
@@ -271,21 +291,24 @@ def _topk_kernel(
         sub = tl.load(s_row + j, mask=j < n_live, other=NUM_MAX)  # NUM_MAX * SUB >= width: masked
         t = tl.reshape(sub[:, None] * SUB + tl.arange(0, SUB)[None, :], [BLOCK])
         ok = t < n
-        cand = ok & (_order_key(tl.load(x_row + t, mask=ok, other=0.0)) >= lower)
-        tl.store(c_row + c + tl.cumsum(cand.to(tl.int32), 0) - 1, t, mask=cand)
+        key = _order_key(tl.load(x_row + t, mask=ok, other=0.0))
+        cand = ok & (key >= lower)
+        dst = c + tl.cumsum(cand.to(tl.int32), 0) - 1
+        tl.store(c_row + dst, t, mask=cand)
+        tl.store(ck_row + dst, key.to(tl.int32, bitcast=True), mask=cand)
         c += tl.sum(cand.to(tl.int32))
 
     # 2d. radix select among the candidates, then 3. write them in index order
-    prefix, shift, k_rem, take_all = _threshold(x_row, c_row, c, K, True, BLOCK, RADIX_BITS)
+    prefix, shift, k_rem, take_all = _threshold(ck_row, c_row, c, K, False, BLOCK, RADIX_BITS, True)
     taken = tl.zeros([], tl.int32)
     ties = tl.zeros([], tl.int32)
     for start in range(0, c, BLOCK):
         offs = start + offs0
         ok = offs < c
         idx = tl.load(c_row + offs, mask=ok, other=0)
-        x = tl.load(x_row + idx, mask=ok, other=0.0)
-        sel, ties = _selected(_order_key(x), ok, prefix, shift, k_rem, take_all, ties)
-        sel = sel & (x != float("-inf"))  # -inf entries are reported as -1 (the padding)
+        key = tl.load(ck_row + offs, mask=ok, other=0).to(tl.uint32, bitcast=True)
+        sel, ties = _selected(key, ok, prefix, shift, k_rem, take_all, ties)
+        sel = sel & (key != NEG_INF_KEY)  # -inf entries are reported as -1 (the padding)
         tl.store(o_row + taken + tl.cumsum(sel.to(tl.int32), 0) - 1, idx, mask=sel)
         taken += tl.sum(sel.to(tl.int32))
     for start in range(0, K, BLOCK):
@@ -297,12 +320,14 @@ def _topk_kernel(
 # 3. Launcher
 # ---------------------------------------------------------------------------
 
-# Never timed on a GPU yet: the bench (python -m kernels --bench) times it against torch.topk and
-# the sweep tries the alternatives. The select kernel spills at 4096 entries x 4 warps (a 48-byte
-# stack on sm_90a; tests/test_kernel_compile.py fails any config that spills), not at 8 (203
-# registers) or 16 warps (108): 16 keeps registers free for the loads in flight.
+# From the graph-timed sweep on the H200 (outputs/bench/h200-c76d4cd/sweep_topk.md, [32, 65536],
+# k 512): the histogram bound in 2 passes and 4-bit radix passes took 37.7 us against 44.5 with the
+# exact bound and 8 bits; the sub-chunk maxima launch alone 5.1 us, so the one-program-per-row select
+# is the rest. The select kernel spills at 4096 entries x 4 warps (a 48-byte stack on sm_90a;
+# tests/test_kernel_compile.py fails any config that spills), not at 8 (203 registers) or 16 warps
+# (108): 16 keeps registers free for the loads in flight.
 TOPK_CONFIG = dict(
-    block=4096, num_warps=16, radix_bits=8, bound_bits=2, bound_passes=0, maxima=4096, maxima_warps=4
+    block=4096, num_warps=16, radix_bits=4, bound_bits=2, bound_passes=2, maxima=4096, maxima_warps=4
 )
 
 
@@ -330,7 +355,8 @@ def _sub_chunks(width, k, target):
 def plan_topk(logits, k, lengths=None, out=None, config=None):
     """The two launches (sub-chunk maxima, then select) for these arguments. Allocates on the
     current stream (inside a capture: from the graph's pool, as torch.topk's own temporaries):
-    out when None, and workspaces, int32 [bs, NUM_MAX] twice and [bs, width] for candidates."""
+    out when None, and workspaces, int32 [bs, NUM_MAX] twice and [bs, width] twice (the
+    candidates and their keys)."""
     _check_triton_args(logits, k, lengths, out)
     cfg = dict(TOPK_CONFIG, **(config or {}))
     A.need(32 % cfg["radix_bits"] == 0, f"radix_bits must divide 32, got {cfg['radix_bits']}")
@@ -346,6 +372,7 @@ def plan_topk(logits, k, lengths=None, out=None, config=None):
     maxima = torch.empty(bs, num_max, dtype=torch.int32, device=dev)
     subs = torch.empty(bs, num_max, dtype=torch.int32, device=dev)
     cand = torch.empty(bs, width, dtype=torch.int32, device=dev)
+    ckey = torch.empty(bs, width, dtype=torch.int32, device=dev)
     lens = lengths if lengths is not None else logits  # unused without HAS_LEN
     common = dict(x_ptr=logits, len_ptr=lens, max_ptr=maxima, width=width, stride_x=logits.stride(0))
     has_len = lengths is not None
@@ -354,6 +381,7 @@ def plan_topk(logits, k, lengths=None, out=None, config=None):
         common,
         sub_ptr=subs,
         cand_ptr=cand,
+        ckey_ptr=ckey,
         out_ptr=out,
         K=k,
         stride_m=maxima.stride(0),
@@ -388,7 +416,7 @@ def topk_indices_triton(logits, k, lengths=None, out=None, *, config=None):
 
 def compile_cases(arch):
     """The launches for kernels.compile_check: the model's shape, with and without lengths, and
-    the select kernel with the histogram bound."""
+    the select kernel with the exact bound."""
 
     x, lens = torch.empty(32, 65536), torch.zeros(32, dtype=torch.int32)
     cases = []
@@ -396,9 +424,9 @@ def compile_cases(arch):
         maxima, select = plan_topk(x, 512, lengths)
         cases.append(Case(f"topk_maxima{tag}", maxima, tensor_core=False, tma=False))
         cases.append(Case(f"topk_select{tag}", select, tensor_core=False, tma=False))
-    # the histogram bound the sweep times (the interpreter does not hold constexprs to the rules)
-    _, select = plan_topk(x, 512, config=dict(bound_passes=2))
-    cases.append(Case("topk_select_histogram_bound", select, tensor_core=False, tma=False))
+    # the exact bound the sweep times (the interpreter does not hold constexprs to the rules)
+    _, select = plan_topk(x, 512, config=dict(bound_passes=0))
+    cases.append(Case("topk_select_exact_bound", select, tensor_core=False, tma=False))
     return cases
 
 

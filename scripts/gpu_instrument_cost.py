@@ -35,7 +35,6 @@ def main(argv=None):
         a.replays,
         logits_policy="transient",
         seed=prof["seed"],
-        instruments=overhead.INSTRUMENTS + ("canary_graphed",),  # the graphed canary, on trial
     )
     for r in rows:
         print(f"{r['instrument']:14s} {r['median_ms']:.3f} ms  x{r['ratio'] or 1:.2f}  ({r['method']})")

@@ -216,14 +216,14 @@ def test_captured_through_the_simulator_no_host_sync_and_the_eager_records():
     assert graphed.records == eager.records and len(eager.records) > 10
 
 
-def test_notebook_02_times_the_graphed_canary_only_when_asked():
-    """overhead.replay_times keeps notebook 02's three rows unless canary_graphed is named, and a
-    bad list fails in one line before anything is built."""
+def test_notebook_02_times_both_canaries_and_refuses_a_bad_list():
+    """overhead.replay_times times the eager and the graphed canary in notebook 02, and a bad list
+    fails in one line before anything is built."""
     import pytest
 
     from nblib.instruments import overhead
 
-    assert overhead.INSTRUMENTS == ("neither", "canary", "gediff")
+    assert overhead.INSTRUMENTS == ("neither", "canary", "canary_graphed", "gediff")
     with pytest.raises(ValueError, match="instruments must start with 'neither'"):
         overhead.replay_times(None, {}, 2, instruments=("canary", "neither"))
     with pytest.raises(ValueError, match="instruments must start with 'neither'"):

@@ -152,7 +152,7 @@ def test_notebook_02_graph_vs_eager(ci_suite):
     assert eff == {(a, b) for a in ("off", "on") for b in res["params"]["buckets"]}
     assert all(e["side_ms"] > 0 for e in res["effects"])
     neither, *instruments = res["overhead"]
-    assert [r["instrument"] for r in res["overhead"]] == ["neither", "canary", "gediff"]
+    assert [r["instrument"] for r in res["overhead"]] == ["neither", "canary", "canary_graphed", "gediff"]
     assert neither["ratio"] is None and neither["calls"] == 0 and neither["median_ms"] > 0
     for r in instruments:  # each instrument ran at every replay, and its ratio is against neither
         assert r["calls"] == r["replays"] + r["warmup"] and r["replays"] == res["params"]["replays"]

@@ -138,10 +138,11 @@ def test_gpu_check():
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
 
 
-@pytest.mark.parametrize("passes", [1, 2])
-def test_kernel_with_the_histogram_bound(passes):
-    """bound_passes: the bound is the k-th largest sub-chunk maximum's top 8*passes bits, a looser
-    lower bound (more candidates) that must select the same set on every kind of row."""
+@pytest.mark.parametrize("passes", [0, 1, 3])
+def test_kernel_with_each_bound(passes):
+    """bound_passes (2 by default, which the other tests run): the bound is the k-th largest
+    sub-chunk maximum's top 8*passes bits, or (0) the maximum itself; a looser lower bound means
+    more candidates, and each must select the same set on every kind of row."""
     cfg = dict(bound_passes=passes)
     for name, x, lens in T.cases("cpu", width=4096, k=64, bs=2):
         assert T.check_rows(x, 64, lens, config=cfg) == 2, name

@@ -1,4 +1,5 @@
-"""What an instrument costs: replay time with the canary, with the differential, with neither.
+"""What an instrument costs: replay time with the canary (eager, and in its own CUDA graphs), with
+the differential, with neither.
 
 Each configuration replays one bucket's graph many times on the same filled batch; the time of a
 replay includes the instrument's work around it (checksums and their copy to the host; the eager
@@ -7,6 +8,7 @@ recompute and comparison), as it would in an engine. On CUDA the times come from
 time.perf_counter around a replay that completes before returning (host time of the Python model).
 """
 
+import gc
 import statistics
 import time
 
@@ -62,7 +64,7 @@ def _replay(runner, batch, inst=None):
     return once
 
 
-INSTRUMENTS = ("neither", "canary", "gediff")  # notebook 02's rows
+INSTRUMENTS = ("neither", "canary", "canary_graphed", "gediff")  # notebook 02's rows
 
 
 def replay_times(
@@ -77,14 +79,14 @@ def replay_times(
     seed=0,
     instruments=INSTRUMENTS,
 ):
-    """Median replay time (ms) for each of `instruments`, neither first: neither, canary, gediff,
-    and (asked for by name; it has not yet run on a GPU) canary_graphed, the canary in CUDA graphs
-    (nblib.instruments.canary_graph) captured before timing. ratio: median over neither's median
+    """Median replay time (ms) for each of `instruments`, neither first: neither, canary,
+    canary_graphed (the canary in CUDA graphs of its own, nblib.instruments.canary_graph, captured
+    before timing) and gediff. ratio: median over neither's median
     (None for neither itself, the reference); calls: the instrument's own records, one per timed or
     warmup replay, so a row whose instrument never ran shows it."""
-    unknown = [i for i in instruments if i not in INSTRUMENTS + ("canary_graphed",)]
+    unknown = [i for i in instruments if i not in INSTRUMENTS]
     if unknown or instruments[:1] != ("neither",):
-        raise ValueError(f"instruments must start with 'neither' and come from {INSTRUMENTS}, canary_graphed")
+        raise ValueError(f"instruments must start with 'neither' and come from {INSTRUMENTS}")
     method, measure = timer(dev)
     out = []
     for name in instruments:
@@ -105,7 +107,10 @@ def replay_times(
                 method=method,
             )
         )
-        del runner, m
+        # free this row's graphs now: left to the garbage collector, one could be destroyed inside the
+        # next row's capture, which breaks it (CUDA forbids it, and the simulator with it)
+        del runner, m, inst
+        gc.collect()
     base = out[0]["median_ms"]
     for r in out:
         r["ratio"] = r["median_ms"] / base if r is not out[0] else None
