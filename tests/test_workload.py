@@ -142,6 +142,13 @@ def test_fingerprint_shows_a_bucket_the_pool_hides():
     )
     rows[2]["corrupted_sessions"] = 5
     assert "never corrupted" not in verdict(fingerprint(rows), rows)
+    # a bucket no step filled (40 sessions, bucket 48 after 40) is not measured, not "never corrupted"
+    rows.append(dict(racy, bucket=48, sessions=0, corrupted_sessions=0))
+    fp = fingerprint(rows)
+    (b48,) = [c for c in fp if c["check"].endswith("bucket 48")]
+    assert b48["holds"] is None and b48["why"].startswith("not measured")
+    v = verdict(fp, rows)
+    assert v.endswith("Not measured (no step filled the bucket): bucket 48.") and "0/0" not in v
 
 
 def test_results_status_is_ok_only_after_finish(tmp_path, eager_dev):

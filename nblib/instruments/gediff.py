@@ -140,8 +140,13 @@ def metrics(graph, eager, k):
     CUDA: the fused Triton kernel (kernels.differential), one pass over rows that agree; else torch."""
     if graph.is_cuda:
         d = kdiff.differential(graph.float().contiguous(), eager.float().contiguous(), k)
-        max_abs = float(d.max_abs.max()) if d.max_abs.numel() else 0.0
-        argmax_rows, topk_rows = int(d.argmax_differs.sum()), int(d.topk_differs.sum())
+        if not d.max_abs.numel():
+            return dict(max_abs=0.0, argmax_rows=0, topk_rows=0, diverged=False)
+        # the three figures in one transfer: each .item() would be a sync of its own
+        figures = (d.max_abs.max(), d.argmax_differs.sum(), d.topk_differs.sum())
+        host = torch.stack([f.double() for f in figures])
+        max_abs, argmax_rows, topk_rows = host.tolist()
+        argmax_rows, topk_rows = int(argmax_rows), int(topk_rows)
         return dict(
             max_abs=max_abs,
             argmax_rows=argmax_rows,
