@@ -30,24 +30,19 @@ TOPK_SWEEP_COLS = ["stage", "block", "num_warps", "maxima", "radix_bits", "bound
 TOPK_SWEEP_COLS += ["ok", "us"]
 TOPK_SWEEP = [  # over topk.TOPK_CONFIG, its first row
     dict(),
+    dict(block=4096, num_warps=16),  # the config at c76d4cd: 41.8 us at 7cc72f5
+    dict(block=4096, num_warps=16, bound_passes=0, radix_bits=8),  # the exact bound, before c76d4cd
+    dict(block=2048, num_warps=8),
+    dict(block=2048, num_warps=16),
+    dict(num_warps=4),
+    dict(num_warps=16),
+    dict(block=512, num_warps=4),
+    dict(block=512, num_warps=8),
     dict(radix_bits=8),
-    dict(bound_passes=0, radix_bits=8),  # the exact bound, the config before c76d4cd's sweep
     dict(bound_passes=0),
     dict(bound_passes=1),
     dict(bound_passes=3),
-    dict(block=2048, num_warps=8),  # 34.0 us at 4872742, against 39.7 for the first row
-    dict(block=2048, num_warps=4),
-    dict(block=2048, num_warps=16),
-    dict(block=1024, num_warps=4),
-    dict(block=1024, num_warps=8),
-    dict(block=2048, num_warps=8, radix_bits=8),
-    dict(block=2048, num_warps=8, bound_passes=3),
-    dict(block=2048, num_warps=8, maxima=2048),
-    dict(block=8192),
-    dict(num_warps=8),
-    dict(num_warps=32),
     dict(maxima=2048),
-    dict(maxima=1024),
 ]
 
 

@@ -320,14 +320,14 @@ def _topk_kernel(
 # 3. Launcher
 # ---------------------------------------------------------------------------
 
-# From the graph-timed sweep on the H200 (outputs/bench/h200-c76d4cd/sweep_topk.md, [32, 65536],
-# k 512): the histogram bound in 2 passes and 4-bit radix passes took 37.7 us against 44.5 with the
-# exact bound and 8 bits; the sub-chunk maxima launch alone 5.1 us, so the one-program-per-row select
-# is the rest. The select kernel spills at 4096 entries x 4 warps (a 48-byte stack on sm_90a;
-# tests/test_kernel_compile.py fails any config that spills), not at 8 (203 registers) or 16 warps
-# (108): 16 keeps registers free for the loads in flight.
+# From the graph-timed sweeps on the H200 ([32, 65536], k 512; outputs/bench/h200-*/sweep_topk.md):
+# at c76d4cd the histogram bound in 2 passes and 4-bit radix passes took 37.7 us against 44.5 for
+# the exact bound and 8 bits, the sub-chunk maxima launch alone 5.1 us (the one-program-per-row
+# select is the rest); at 7cc72f5 blocks of 1024 entries over 8 warps took 29.3 us against 41.8 for
+# 4096 over 16 (the select is latency-bound: smaller blocks, cheaper block-wide scans). Every
+# config here must compile without spills (tests/test_kernel_compile.py).
 TOPK_CONFIG = dict(
-    block=4096, num_warps=16, radix_bits=4, bound_bits=2, bound_passes=2, maxima=4096, maxima_warps=4
+    block=1024, num_warps=8, radix_bits=4, bound_bits=2, bound_passes=2, maxima=4096, maxima_warps=4
 )
 
 
