@@ -434,6 +434,65 @@ def test_write_entries_validation_errors():
 # ---------------------------------------------------------------- GPU
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, "fp8"])
+def test_programs_per_request_never_change_a_logit(dtype):
+    """The differential recomputes with the GPU-filling launch (per_request 0) what the model
+    computed with one program per request: the outputs must be equal bit for bit."""
+    x = inputs(bs=3, seq_lens=(300, 7, 64), heads=5, dim=32)
+    outs = []
+    for per_request in (1, 2, 0):
+        out = poisoned(3, x["max_len"])
+        cfg = dict(block_t=64, tiles_per_prog=2, num_warps=4, num_stages=2, min_programs=0)
+        if dtype == "fp8":
+            pages = ix.quantize_fp8_pages(x["k"])
+            q8 = x["q"].to(torch.float8_e4m3fn)
+            lg.indexer_logits_fp8_(
+                q8, x["w"], pages, x["page_table"], x["seq_lens"], out, config=cfg, per_request=per_request
+            )
+        else:
+            ix.indexer_logits_bf16_(
+                x["q"],
+                x["w"],
+                x["k"],
+                x["page_table"],
+                x["seq_lens"],
+                out,
+                config=cfg,
+                per_request=per_request,
+            )
+        outs.append(out)
+    assert not torch.isnan(outs[0]).any()
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_programs_per_request_never_change_a_logit():
+    """On the H200's compiled kernels, at the profile's shape: one program per request (the
+    model's launch) and the GPU-filling launch (the differential's recompute) agree bit for bit."""
+    code = """
+import torch
+from kernels import indexer as ix, logits as lg
+x = ix.make_inputs(8, [33000, 17000, 1025, 64] * 2, 64, 128, 65536, "cuda", 0)
+q, k = x["q"].bfloat16(), x["k"].bfloat16()
+pages, q8 = ix.quantize_fp8_pages(x["k"]), x["q"].to(torch.float8_e4m3fn)
+args = (x["page_table"], x["seq_lens"])
+for name, fn in (
+    ("bf16", lambda out, p: ix.indexer_logits_bf16_(q, x["w"], k, *args, out, per_request=p)),
+    ("fp8", lambda out, p: lg.indexer_logits_fp8_(q8, x["w"], pages, *args, out, per_request=p)),
+):
+    outs = []
+    for p in (1, 0):
+        out = torch.full((8, 65536), float("nan"), device="cuda")
+        fn(out, p)
+        outs.append(out)
+    assert not outs[0].isnan().any() and torch.equal(outs[0], outs[1]), name
+print("ok")
+"""
+    r = run_without_interpreter(["-c", code], timeout=600)
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stdout[-2000:] + r.stderr[-4000:]
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_gpu_check_both_dtypes():

@@ -201,16 +201,17 @@ class DecodeModel:
             return kx.topk_indices_op(logits, self.cfg.topk)  # csi::topk_indices: Triton on CUDA
         return kx.topk_indices(logits, self.cfg.topk)
 
-    def index_logits(self, q, head_w, page_table, seq_lens, logits=None):
-        """The indexer's logits kernel; `logits` None: allocated here, on the current stream."""
+    def index_logits(self, q, head_w, page_table, seq_lens, logits=None, programs=None):
+        """The indexer's logits kernel; `logits` None: allocated here, on the current stream.
+        programs: programs per request (None: the model's indexer_programs; 0: fill the GPU).
+        It changes only how many tiles each program walks, never a token's arithmetic."""
         cfg = self.cfg
+        programs = cfg.indexer_programs if programs is None else programs
         if logits is None:
             logits = torch.empty(q.shape[0], cfg.max_ctx, dtype=torch.float32, device=self.dev.torch_device)
             self.note("indexer.logits", logits)
         if cfg.index_dtype == "bf16":
-            kx.indexer_logits_bf16(
-                q, head_w, self.index_cache, page_table, seq_lens, logits, cfg.indexer_programs
-            )
+            kx.indexer_logits_bf16(q, head_w, self.index_cache, page_table, seq_lens, logits, programs)
         else:
             kx.indexer_logits_fp8(
                 q.to(torch.float8_e4m3fn),
@@ -219,7 +220,7 @@ class DecodeModel:
                 page_table,
                 seq_lens,
                 logits,
-                cfg.indexer_programs,
+                programs,
             )
         return logits
 
