@@ -76,6 +76,26 @@ def test_kernel_without_the_bound_falls_back_to_every_entry():
     assert T.check_rows(x, 256) == 2
 
 
+def test_minus_inf_entries_are_never_candidates():
+    """A graph's padded rows are all -inf, and a short row is mostly -inf: they write no
+    candidate (else every entry of such a row would be one, the slowest case), and still come out
+    as the contract says: the finite entries in index order, then -1s."""
+    from kernels.launch import run
+
+    x = torch.randn(3, 4096)
+    x[1] = NEG_INF  # a padded row
+    x[2, 40:] = NEG_INF  # fewer finite entries than k
+    maxima, select = T.plan_topk(x, 64)
+    cand, ckey = select.args["cand_ptr"], select.args["ckey_ptr"]
+    cand.fill_(-7), ckey.fill_(-7)
+    run(maxima), run(select)
+    assert (cand[1] == -7).all() and (ckey[1] == -7).all()
+    assert (cand[2, 40:] == -7).all() and cand[2, :40].tolist() == list(range(40))
+    out = select.args["out_ptr"]
+    assert torch.equal(out, T.ref_topk_indices(x, 64))
+    assert out[1].tolist() == [-1] * 64 and out[2].tolist() == list(range(40)) + [-1] * 24
+
+
 def test_kernel_fills_a_given_out_and_a_strided_row():
     big = torch.randn(3, 5000)
     x = big[:, :4096]  # rows 5000 apart: the row stride is honoured
