@@ -18,7 +18,7 @@ import sys
 
 import torch
 
-from kernels import checksum, differential, logits, logits_bench, logits_check, topk
+from kernels import checksum, differential, logits, logits_bench, logits_check, topk, topk_check
 from kernels.harness import copy_row, median_us, meta, write_atomic, write_table
 from kernels.launch import arch_of, run
 from kernels.logits_configs import config_for
@@ -60,7 +60,7 @@ def check_all():
         results[f"logits_{i}"] = dict(case=c, errors=logits_check.check(**c))
     for i, cfg in enumerate(LOGITS_VARIANTS):
         results[f"logits_variant_{i}"] = dict(config=cfg, errors=logits_check.check(bs=7, config=cfg))
-    results["topk"] = topk.check()
+    results["topk"] = topk_check.check()
     results["checksum"] = checksum.check()
     results["differential"] = differential.check()
     for name, r in results.items():

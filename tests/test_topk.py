@@ -7,6 +7,7 @@ from interp import interpret, run_without_interpreter
 
 from kernels import indexer as kx
 from kernels import topk as T
+from kernels import topk_check as TC
 
 COMPILED = (T._row_maxima_kernel, T._topk_kernel)  # before the fixture swaps in interpreted twins
 NEG_INF = float("-inf")
@@ -55,25 +56,25 @@ def test_lengths_mask_past_the_end():
 # ---------------------------------------------------------------- kernel (interpreter)
 
 
-@pytest.mark.parametrize("name", [c[0] for c in T.cases("cpu", width=256, k=16, bs=1)])
+@pytest.mark.parametrize("name", [c[0] for c in TC.cases("cpu", width=256, k=16, bs=1)])
 def test_kernel_matches_reference_and_torch(name):
     # width 4096, k 64: the sub-chunk bound is in force (256 maxima >= k); short_row: it is not
     assert T._sub_chunks(4096, 64, T.TOPK_CONFIG["maxima"]) == (16, 256)
-    x, lens = next((x, lens) for n, x, lens in T.cases("cpu", width=4096, k=64, bs=3) if n == name)
-    assert T.check_rows(x, 64, lens) == 3
+    x, lens = next((x, lens) for n, x, lens in TC.cases("cpu", width=4096, k=64, bs=3) if n == name)
+    assert TC.check_rows(x, 64, lens) == 3
 
 
 def test_kernel_at_the_models_shape():
     """k 512 over 65536 logits, random and tied rows (two rows each: the interpreter is slow)."""
-    for name, x, lens in T.cases("cpu", width=65536, k=512, bs=2)[:2]:
-        assert T.check_rows(x, 512, lens) == 2, name
+    for name, x, lens in TC.cases("cpu", width=65536, k=512, bs=2)[:2]:
+        assert TC.check_rows(x, 512, lens) == 2, name
 
 
 def test_kernel_without_the_bound_falls_back_to_every_entry():
     x = torch.randn(2, 300)
     sub, num_max = T._sub_chunks(300, 256, T.TOPK_CONFIG["maxima"])
     assert num_max < 256  # fewer sub-chunks than k: the bound is 0, every entry a candidate
-    assert T.check_rows(x, 256) == 2
+    assert TC.check_rows(x, 256) == 2
 
 
 def test_minus_inf_entries_are_never_candidates():
@@ -153,7 +154,7 @@ def test_refuses_cpu_tensors_outside_the_interpreter(monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_gpu_check():
-    code = "from kernels import topk; print(topk.check('cuda'))"
+    code = "from kernels import topk_check; print(topk_check.check('cuda'))"
     r = run_without_interpreter(["-c", code], timeout=600)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
 
@@ -164,7 +165,7 @@ def test_kernel_with_each_bound(passes):
     sub-chunk maximum's top 8*passes bits, or (0) the maximum itself; a looser lower bound means
     more candidates, and each must select the same set on every kind of row."""
     cfg = dict(bound_passes=passes)
-    for name, x, lens in T.cases("cpu", width=4096, k=64, bs=2):
-        assert T.check_rows(x, 64, lens, config=cfg) == 2, name
-    x = T.cases("cpu", width=65536, k=512, bs=1)[0][1]
-    assert T.check_rows(x, 512, config=cfg) == 1
+    for name, x, lens in TC.cases("cpu", width=4096, k=64, bs=2):
+        assert TC.check_rows(x, 64, lens, config=cfg) == 2, name
+    x = TC.cases("cpu", width=65536, k=512, bs=1)[0][1]
+    assert TC.check_rows(x, 512, config=cfg) == 1
