@@ -25,6 +25,7 @@ from kernels.logits_configs import config_for
 
 BENCH_COLS = ["name", "us", "bytes", "gbps", "frac_copy_bw", "speedup_vs_torch"]
 SWEEP_COLS = ["kind", "block_t", "tiles_per_prog", "num_warps", "num_stages", "k_load", "persistent"]
+SWEEP_COLS += ["scale_load"]
 SWEEP_COLS += ["ok", "us", "gbps", "vs_default", "default", "best"]
 TOPK_SWEEP_COLS = ["stage", "block", "num_warps", "maxima", "radix_bits", "bound_bits", "bound_passes"]
 TOPK_SWEEP_COLS += ["ok", "us"]
@@ -50,6 +51,7 @@ TOPK_SWEEP = [  # over topk.TOPK_CONFIG, its first row
 LOGITS_VARIANTS = [
     dict(block_t=64, tiles_per_prog=8, num_warps=4, num_stages=5, k_load="tma"),
     dict(block_t=128, tiles_per_prog=4, num_warps=4, num_stages=3, persistent=2),
+    dict(block_t=64, tiles_per_prog=16, num_warps=4, num_stages=5, k_load="tma", scale_load="tma"),
 ]
 
 

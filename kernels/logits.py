@@ -100,6 +100,7 @@ def _work_item(
     w_ptr,
     k_ptr,
     k_desc,
+    s_desc,
     scale_ptr,
     pt_ptr,
     seq_lens_ptr,
@@ -119,6 +120,7 @@ def _work_item(
     IS_FP8: tl.constexpr,
     FP32_IEEE: tl.constexpr,
     K_LOAD: tl.constexpr,
+    SCALE_TMA: tl.constexpr,
 ):
     """One work item: request b (int64), tiles_per_prog tiles of its context from chunk's."""
     PAGE_: tl.constexpr = 64
@@ -143,16 +145,21 @@ def _work_item(
     for i in range(0, n_live):
         t0 = t_begin + i * BLOCK_T
         t = t0 + offs_t
-        page_ok = t // PAGE_ < live_pages  # never follow page ids past seq_len
-        page = tl.load(pt_ptr + b * stride_ptb + t // PAGE_, mask=page_ok, other=0).to(tl.int64)
         # [BLOCK_T, D] tile, D contiguous: the K-major A operand (what fp8 wgmma needs)
-        if K_LOAD == 1:  # the tile is one page: one TMA box
-            k = k_desc.load([(tl.load(pt_ptr + b * stride_ptb + t0 // PAGE_) * PAGE_ROWS).to(tl.int32), 0])
-        elif K_LOAD == 2:  # any rows: TMA gather (sm_100)
-            k = k_desc.gather((page * PAGE_ROWS + t % PAGE_).to(tl.int32), 0)
+        if K_LOAD == 1:  # the tile is one page, live (i < n_live): one TMA box
+            # its id once, a scalar the pipeliner prefetches with the box: the fp8 scales'
+            # address comes from it too, with no per-entry page-table load in the loop
+            page = tl.load(pt_ptr + b * stride_ptb + t0 // PAGE_).to(tl.int64)
+            page_ok = offs_t < BLOCK_T
+            k = k_desc.load([(page * PAGE_ROWS).to(tl.int32), 0])
         else:
-            row = page * PAGE_STRIDE + (t % PAGE_) * D
-            k = tl.load(k_ptr + row[:, None] + offs_d[None, :], mask=page_ok[:, None], other=0.0)
+            page_ok = t // PAGE_ < live_pages  # never follow page ids past seq_len
+            page = tl.load(pt_ptr + b * stride_ptb + t // PAGE_, mask=page_ok, other=0).to(tl.int64)
+            if K_LOAD == 2:  # any rows: TMA gather (sm_100)
+                k = k_desc.gather((page * PAGE_ROWS + t % PAGE_).to(tl.int32), 0)
+            else:
+                row = page * PAGE_STRIDE + (t % PAGE_) * D
+                k = tl.load(k_ptr + row[:, None] + offs_d[None, :], mask=page_ok[:, None], other=0.0)
         # tokens as M, heads as N: the head sum stays inside a warp (no smem reduction)
         if FP32_IEEE:
             s = tl.dot(k, q_t, input_precision="ieee")
@@ -162,8 +169,12 @@ def _work_item(
         if IS_FP8:
             # the per-entry scales once per tile, after the head sum: relu(x * s) == relu(x) * s
             # for s > 0. As float32, page p's scales start at p * PAGE_STRIDE/4 + PAGE*D/4
-            scale_row = scale_ptr + page * (PAGE_STRIDE // 4) + (PAGE_ * D // 4)
-            logit = logit * tl.load(scale_row + t % PAGE_, mask=page_ok, other=0.0)
+            if SCALE_TMA:  # one [1, PAGE] box of the [pages, PAGE_STRIDE/4] float32 view
+                scale = s_desc.load([page.to(tl.int32), PAGE_ * D // 4]).reshape([BLOCK_T])
+            else:
+                scale_row = scale_ptr + page * (PAGE_STRIDE // 4) + (PAGE_ * D // 4)
+                scale = tl.load(scale_row + t % PAGE_, mask=page_ok, other=0.0)
+            logit = logit * scale
         logit = tl.where(t < seq_len, logit, float("-inf"))
         tl.store(out_ptr + b * stride_ob + t, logit, mask=t < max_len)
 
@@ -179,6 +190,7 @@ def _indexer_logits_kernel(
     w_ptr,
     k_ptr,
     k_desc,  # a [rows, D] TMA descriptor over the cache (k_load tma / gather), else None
+    s_desc,  # fp8 with scale_load tma: a [pages, PAGE_STRIDE/4] float32 descriptor, else None
     scale_ptr,
     pt_ptr,
     seq_lens_ptr,
@@ -199,6 +211,7 @@ def _indexer_logits_kernel(
     IS_FP8: tl.constexpr,
     FP32_IEEE: tl.constexpr,  # fp32 operands (test path): exact dot, not tf32
     K_LOAD: tl.constexpr,  # 0 pointers, 1 one TMA tile per page, 2 TMA gather of rows
+    SCALE_TMA: tl.constexpr,  # fp8 scales through s_desc
     PERSISTENT: tl.constexpr,  # walk items pid, pid + programs, ...; else the item (pid0, pid1)
 ):
     # work item = (request b, chunk of tiles_per_prog tiles). Without PERSISTENT no loop around
@@ -213,6 +226,7 @@ def _indexer_logits_kernel(
                 w_ptr,
                 k_ptr,
                 k_desc,
+                s_desc,
                 scale_ptr,
                 pt_ptr,
                 seq_lens_ptr,
@@ -232,6 +246,7 @@ def _indexer_logits_kernel(
                 IS_FP8,
                 FP32_IEEE,
                 K_LOAD,
+                SCALE_TMA,
             )
     else:  # grid (bs, n_chunks)
         _work_item(
@@ -241,6 +256,7 @@ def _indexer_logits_kernel(
             w_ptr,
             k_ptr,
             k_desc,
+            s_desc,
             scale_ptr,
             pt_ptr,
             seq_lens_ptr,
@@ -260,6 +276,7 @@ def _indexer_logits_kernel(
             IS_FP8,
             FP32_IEEE,
             K_LOAD,
+            SCALE_TMA,
         )
 
 
@@ -327,6 +344,10 @@ def plan(q, w, k, scales, page_table, seq_lens, out, cfg, is_fp8, arch, per_requ
         rows = k.view(-1, d)
         box = [PAGE if cfg.k_load == "tma" else 1, d]
         desc = TensorDescriptor(rows, list(rows.shape), list(rows.stride()), box)
+    s_desc = None
+    scale_tma = is_fp8 and cfg.scale_load == "tma"
+    if scale_tma:  # scales: pages viewed as float32 [pages, PAGE_STRIDE/4], one page's PAGE a box
+        s_desc = TensorDescriptor(scales, list(scales.shape), list(scales.stride()), [1, PAGE])
     grid = (bs, n_chunks)
     if cfg.persistent:
         grid = (min(bs * n_chunks, cfg.persistent * num_sms(q.device)),)
@@ -335,6 +356,7 @@ def plan(q, w, k, scales, page_table, seq_lens, out, cfg, is_fp8, arch, per_requ
         w_ptr=w,
         k_ptr=k,
         k_desc=desc,
+        s_desc=s_desc,
         scale_ptr=scales,
         pt_ptr=page_table,
         seq_lens_ptr=seq_lens,
@@ -355,6 +377,7 @@ def plan(q, w, k, scales, page_table, seq_lens, out, cfg, is_fp8, arch, per_requ
         IS_FP8=is_fp8,
         FP32_IEEE=q.dtype == torch.float32,
         K_LOAD=K_LOADS.index(cfg.k_load),
+        SCALE_TMA=scale_tma,
         PERSISTENT=bool(cfg.persistent),
     )
     options = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
@@ -418,9 +441,11 @@ def compile_cases(arch, config=None):
     kcache = torch.zeros(4, PAGE, d, dtype=torch.bfloat16)
     pages = torch.zeros(4, fp8_page_bytes(d), dtype=torch.uint8)
     q8 = q.to(torch.float8_e4m3fn)
+    tma_cfg = dict(block_t=64, tiles_per_prog=16, num_warps=4, num_stages=5, k_load="tma")
     variants = [
         ("", config),
-        ("_tma", dict(block_t=64, tiles_per_prog=16, num_warps=4, num_stages=5, k_load="tma")),
+        ("_tma", tma_cfg),
+        ("_tma_scales", dict(tma_cfg, scale_load="tma")),  # the fp8 scales through a TMA box too
         # the pointer path, pipelined (7 stages) and not (3): what a descriptor-less GPU runs
         ("_ptr", dict(block_t=64, tiles_per_prog=16, num_warps=4, num_stages=7, k_load="ptr")),
         ("_ptr3", dict(block_t=128, tiles_per_prog=4, num_warps=4, num_stages=3, k_load="ptr")),
