@@ -115,8 +115,8 @@ def _differential_kernel(
 
     mismatch = tl.zeros([], tl.int32)
     if differ > 0:  # only a row that differs can have another top-k set
-        g_sel = _threshold(g_row, g_row, width, K, False, BLOCK, RADIX_BITS, False)
-        e_sel = _threshold(e_row, e_row, width, K, False, BLOCK, RADIX_BITS, False)
+        g_sel = _threshold(g_row, width, K, BLOCK, RADIX_BITS, False)
+        e_sel = _threshold(e_row, width, K, BLOCK, RADIX_BITS, False)
         g_ties = tl.zeros([], tl.int32)
         e_ties = tl.zeros([], tl.int32)
         for start in range(0, width, BLOCK):

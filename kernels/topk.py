@@ -152,22 +152,13 @@ def _kth_largest_prefix(keys, k, PASSES: tl.constexpr):
 
 
 @triton.jit
-def _threshold(
-    x_row,
-    idx_row,
-    n,
-    K,
-    GATHER: tl.constexpr,
-    BLOCK: tl.constexpr,
-    RADIX_BITS: tl.constexpr,
-    KEYS: tl.constexpr,
-):
-    """Radix select of the K-th largest key among n entries of a row (entries idx_row[0:n] when
-    GATHER, else 0..n-1; KEYS: x_row holds their order keys, as int32, rather than floats),
-    RADIX_BITS per pass from the top. A 2^RADIX_BITS-bin histogram of the
-    next digit among keys that match the digits found so far gives the next digit; stop once
-    every key left in the chosen bin is taken. Returns (prefix, shift, k_rem, take_all): entry
-    t is selected if key >> shift > prefix, or == prefix and among the first k_rem such."""
+def _threshold(row, n, K, BLOCK: tl.constexpr, RADIX_BITS: tl.constexpr, KEYS: tl.constexpr):
+    """Radix select of the K-th largest key among the n entries row[0:n] (float logits, or with
+    KEYS their order keys as int32), RADIX_BITS per pass from the top. A 2^RADIX_BITS-bin
+    histogram of the next digit among keys that match the digits found so far gives the next
+    digit; stop once every key left in the chosen bin is taken. Returns (prefix, shift, k_rem,
+    take_all): entry t is selected if key >> shift > prefix, or == prefix and among the first
+    k_rem such."""
     NUM_BINS: tl.constexpr = 1 << RADIX_BITS
     bins = tl.arange(0, NUM_BINS)
     take_all = n <= K
@@ -183,10 +174,9 @@ def _threshold(
                 offs = start + tl.arange(0, BLOCK)
                 ok = offs < n
                 if KEYS:
-                    key = tl.load(x_row + offs, mask=ok, other=0).to(tl.uint32, bitcast=True)
+                    key = tl.load(row + offs, mask=ok, other=0).to(tl.uint32, bitcast=True)
                 else:
-                    idx = tl.load(idx_row + offs, mask=ok, other=0) if GATHER else offs
-                    key = _order_key(tl.load(x_row + idx, mask=ok, other=0.0))
+                    key = _order_key(tl.load(row + offs, mask=ok, other=0.0))
                 if p > 0:
                     ok = ok & ((key >> (SH + RADIX_BITS)) == prefix)
                 hist += tl.histogram(((key >> SH) & (NUM_BINS - 1)).to(tl.int32), NUM_BINS, mask=ok)
@@ -305,7 +295,7 @@ def _topk_kernel(
         c += tl.sum(cand.to(tl.int32))
 
     # 2d. radix select among the candidates, then 3. write them in index order
-    prefix, shift, k_rem, take_all = _threshold(ck_row, c_row, c, K, False, BLOCK, RADIX_BITS, True)
+    prefix, shift, k_rem, take_all = _threshold(ck_row, c, K, BLOCK, RADIX_BITS, True)
     taken = tl.zeros([], tl.int32)
     ties = tl.zeros([], tl.int32)
     for start in range(0, c, BLOCK):
