@@ -98,7 +98,7 @@ def _live(step):
     return live if live is not None else batch_live_pages(step["page_table"], step["seq_lens"])
 
 
-def _as_index(pages, device):
+def as_index(pages, device):
     """Page ids given as a tensor, or as a set or list of ints (run_sessions' live_pages): an int64
     tensor on `device` (numpy reads a set of 14000 ints some 8x faster than torch.tensor)."""
     if isinstance(pages, torch.Tensor):
@@ -112,7 +112,7 @@ def step_pages(step, device):
     fewer); stores: store_slots // 64. Either may hold duplicates and the scratch page."""
     given = step.get("live_pages")
     if given is not None:
-        live = _as_index(given, device)
+        live = as_index(given, device)
     else:
         live = table_live(step["page_table"].to(device), step["seq_lens"].to(device))
     return live, step["store_slots"].to(device, torch.int64) // PAGE

@@ -25,7 +25,6 @@ cache's contents), not how many. Reproducible from torch.cuda.manual_seed.
 Off CUDA the same functions run eagerly (what the CPU tests hold to the eager canary's answers).
 """
 
-import numpy as np
 import torch
 
 from nblib.engine.model import PAGE
@@ -56,11 +55,6 @@ def watched_mask(classes, k, gen=None):
     if k:
         keep.index_fill_(0, C.sample_free(keep, k, gen), True)
     return keep
-
-
-def all_checksums(cache, ids):
-    """canary.page_checksums of every page (ids: arange(pages), kept so capture allocates no index)."""
-    return C.page_checksums(cache, ids)
 
 
 def pack_changed(changed, classes, watched, cap=C.CHANGED_CAP):
@@ -117,7 +111,7 @@ class GraphedCanary(C.Canary):
         self.cuda = self.cache.device.type == "cuda"
         self.graphed = self.cuda if capture is None else bool(capture)
         d, pages = self.cache.device, self.cache.shape[0]
-        self._all = torch.arange(pages, device=d)
+        self._all = torch.arange(pages, device=d)  # every page id, made here: capture allocates none
         self._start = torch.zeros(pages, dtype=torch.int64, device=d)  # before()'s checksums
         self._use_table = torch.ones(1, dtype=torch.bool, device=d)  # the after graph's inputs
         self._live = torch.zeros(pages, dtype=torch.bool, device=d)
@@ -130,10 +124,10 @@ class GraphedCanary(C.Canary):
         st, cache, gen = self.runner.static[bucket], self.cache, None if self.graphed else self._rng
 
         def before():
-            self._start.copy_(all_checksums(cache, self._all))
+            self._start.copy_(C.page_checksums(cache, self._all))
 
         def after():
-            now = all_checksums(cache, self._all)
+            now = C.page_checksums(cache, self._all)
             classes = batch_classes(
                 st.page_table, st.seq_lens, st.store_slots, cache.shape[0], self._use_table, self._live
             )
@@ -162,8 +156,7 @@ class GraphedCanary(C.Canary):
                 self._given = False
             return
         self._host_live.zero_()
-        ids = np.fromiter(live_pages, dtype=np.int64, count=len(live_pages))
-        self._host_live[torch.from_numpy(ids)] = True
+        self._host_live[C.as_index(live_pages, "cpu")] = True
         self._live.copy_(self._host_live, non_blocking=self.cuda)
         if not self._given:
             self._use_table.fill_(False)
