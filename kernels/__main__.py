@@ -21,14 +21,13 @@ import torch
 from kernels import checksum, differential, logits, logits_bench, logits_check, topk, topk_check
 from kernels.harness import copy_row, median_us, meta, write_atomic, write_table
 from kernels.launch import arch_of, run
-from kernels.logits_configs import config_for
+from kernels.logits_configs import LogitsConfig, config_for
 
 BENCH_COLS = ["name", "us", "bytes", "gbps", "frac_copy_bw", "speedup_vs_torch"]
-SWEEP_COLS = ["kind", "block_t", "tiles_per_prog", "num_warps", "num_stages", "k_load", "persistent"]
-SWEEP_COLS += ["scale_load"]
+# each config's fields, then what the sweep measured
+SWEEP_COLS = ["kind", *(f for f in LogitsConfig._fields if f != "min_programs")]
 SWEEP_COLS += ["ok", "us", "gbps", "vs_default", "default", "best"]
-TOPK_SWEEP_COLS = ["stage", "block", "num_warps", "maxima", "radix_bits", "bound_bits", "bound_passes"]
-TOPK_SWEEP_COLS += ["ok", "us"]
+TOPK_SWEEP_COLS = ["stage", *topk.TOPK_CONFIG, "ok", "us"]
 TOPK_SWEEP = [  # over topk.TOPK_CONFIG, its first row
     dict(),
     dict(block=4096, num_warps=16),  # the config at c76d4cd: 41.8 us at 7cc72f5
