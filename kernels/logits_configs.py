@@ -6,23 +6,16 @@ there is one, else (kind, arch major); archs without an entry (sm_80, sm_120) us
 lower major that has one, else sm_90's. The model runs one shape (H 64, D 128), so the table
 holds the per-architecture defaults; a sweep on another shape adds (kind, major, heads, dim) keys.
 
-Why these (sm_90: measured on the H200 at B 32, L 65536, H 64, D 128, bf16 153 us and fp8 91.6 us,
-outputs/bench/h200-3ff34cd/bench.md, by the kernel as it was before the work-item loop that the
-persistent grid needs; python -m kernels --bench measures the kernel as it is):
-  the page-id load feeds the K load's address, so that chain costs the software pipeliner stages.
-  num_stages <= 4 leaves every async_wait at num=0 (the copy is async, but each tile waits for its
-  own: latency is hidden by other CTAs on the SM, not inside one); 7 keeps two tiles in flight
-  behind the dot. bf16: 64-entry tiles, 7 stages, 83 KB smem -> 2 CTAs/SM. fp8: 128-entry tiles
-  (two pages, 16 KiB), 3 stages, 42 KB smem and 96 registers -> 5 CTAs/SM (compile_sm90.md).
-The sm_100 entries come from the compiled resource usage (outputs/bench/compile_sm100.md lists
-every candidate on sm_100a; compiled, never run): keep sm_90's entry where on sm_100a it compiles
-with tcgen05.mma, no spills and as many CTAs per SM as on sm_90a (bf16: 2 and 2); otherwise,
-among pointer-path candidates that keep sm_90a's CTAs per SM, the deepest pipeline, then the
-longest walk. fp8: sm_90's entry needs 147 registers on sm_100a (96 on sm_90a), 3 CTAs per SM
-instead of 5; 64-entry tiles, 7 stages, 16 tiles a walk keep 5 (80 registers, 42 KB).
-tests/test_kernel_compile.py asserts the sm_100 entries keep sm_90's CTAs per SM, spill-free.
-The new load paths (TMA tiles, TMA gather on sm_100, a persistent grid) are in the sweep's space
-and become defaults only when a committed sweep table shows them faster.
+Why these: the graph-timed sweep on the H200 (B 32, L 65536, H 64, D 128; outputs/bench/
+h200-97c3053/sweep.md, rerun at 1ff4fed and ae105b8) put K through a TMA descriptor, one page a
+tile, ahead of every pointer config: bf16 139-142 us against 146-179, fp8 80.4-81.7 against
+87.9-111. With pointers the page-id load feeds the K load's address, a chain that costs the
+software pipeliner stages; the descriptor path prefetches the page id with the box. As compiled
+(compile_sm90.md): bf16 66 KB of shared memory, 3 CTAs per SM; fp8 33 KB and 64 registers.
+sm_100 takes the H200's winners, compiled and never run (compile_sm100.md: tcgen05.mma, TMA, no
+spills); tests/test_kernel_compile.py holds each sm_100 entry to sm_90's CTAs per SM, spill-free.
+Other load paths (pointers, TMA gather on sm_100, a persistent grid, fp8 scales through TMA) stay
+in the sweep's space and become defaults only when a committed sweep table shows them faster.
 """
 
 from typing import NamedTuple
