@@ -245,27 +245,33 @@ def default(key):
     return value.model_dump() if isinstance(value, BaseModel) else value
 
 
-def _literal(value, indent=""):
-    """A Python literal for a parameters cell, formatted as ruff formats it (dicts one key a line)."""
-    if isinstance(value, dict):
-        inner = "".join(f'{indent}    "{k}": {_literal(v)},\n' for k, v in value.items())
-        return "{\n" + inner + indent + "}"
-    if isinstance(value, str):
-        return f'"{value}"'
-    return repr(value).replace("'", '"')
+def _literal(value, width=100):
+    """A Python literal for a parameters cell: a dict's items wrapped a few to a line."""
+    if not isinstance(value, dict):
+        return f'"{value}"' if isinstance(value, str) else repr(value).replace("'", '"')
+    lines, line = [], "   "
+    for k, v in value.items():
+        item = f' "{k}": {_literal(v)},'
+        if len(line) + len(item) > width:
+            lines.append(line)
+            line = "   "
+        line += item
+    return "{\n" + "\n".join([*lines, line]) + "\n}"
 
 
 def parameters_cell(notebook):
-    """The notebook's parameters cell, written from the schema (tests check each notebook's cell)."""
+    """The notebook's parameters cell, written from the schema (tests check each notebook's cell).
+    ruff's formatter leaves it as written (fmt: off), so a dict keeps a few items a line."""
     lines = [
         "# Parameters: papermill overrides them (python -m nblib run passes a validated profile).",
         "# Names, types, defaults and help come from the schema, nblib.publish.params.Profile.",
+        "# fmt: off",
     ]
     for key in DECLARES[notebook]:
         lines.append(
             f"{key}: {annotation(key)} = {_literal(default(key))}  # {Profile.model_fields[key].description}"
         )
-    return "\n".join(lines)
+    return "\n".join([*lines, "# fmt: on"])
 
 
 def resolve_backend(name):
