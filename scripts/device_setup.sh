@@ -1,6 +1,7 @@
 # source this on the GPU machine: installs the carried Jupyter/pytest wheels for the image's python3
+# NBLIB_COMMIT comes from .nbcommit (git-ignored): write `git rev-parse HEAD > .nbcommit` here and carry it
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
   || { echo "wheel install failed"; exit 1; }
-export JUPYTER_PATH=/tmp/site/share/jupyter PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 NBLIB_COMMIT=$(cat .commit 2>/dev/null || echo unknown)
+export JUPYTER_PATH=/tmp/site/share/jupyter PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 NBLIB_COMMIT=$(cat .nbcommit 2>/dev/null || echo unknown)
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"

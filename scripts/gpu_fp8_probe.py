@@ -1,0 +1,62 @@
+"""Where the fp8 logits kernel's time goes, at the benchmark's shape (B 32, L 65536, D 128), by
+timing variants that each leave one cost out, as graph replays (kernels.harness.median_us):
+
+  heads 64 | 16      the dot and the epilogue (relu, weights, head sum) at a quarter of the work:
+                     if 16 heads runs no faster, the kernel is waiting on memory, not on math
+  pages shuffled | in order
+                     the page table a permutation (the benchmark's) or 0, 1, 2, ...: address
+                     translation and DRAM locality on scattered 8 KB pages
+  each config of the fp8 sweep's TMA space
+
+  python scripts/gpu_fp8_probe.py            the table (stdout)
+  python scripts/gpu_fp8_probe.py --once     one launch of each variant, for ncu to profile
+"""
+
+import sys
+
+import torch
+
+from kernels.harness import copy_row, median_us
+from kernels.logits import indexer_logits_fp8_
+from kernels.logits_bench import bench_inputs, logit_bytes
+from kernels.logits_configs import config_for
+
+if not torch.cuda.is_available():
+    sys.exit("gpu_fp8_probe.py: needs a CUDA GPU")
+
+BS, CTX, DIM = 32, 65536, 128
+ARCH = torch.cuda.get_device_capability()[0] * 10
+BASE = config_for("fp8", ARCH)
+CONFIGS = {
+    "default": BASE,
+    "scales_tma": BASE._replace(scale_load="tma"),
+    "stages3": BASE._replace(num_stages=3),
+    "tiles32": BASE._replace(tiles_per_prog=32),
+    "persistent4": BASE._replace(persistent=4),
+}
+once = "--once" in sys.argv
+copy = None if once else copy_row()
+if copy:
+    print(f"copy: {copy['gbps']:.0f} GB/s")
+print("| variant | heads | pages | us | frac_copy_bw |")
+print("|---|---|---|---|---|")
+for heads in (64, 16):
+    x = bench_inputs(BS, CTX, heads, DIM, "cuda")
+    shuffled = x["page_table"]
+    ordered = torch.arange(shuffled.numel(), device="cuda", dtype=torch.int32).view_as(shuffled)
+    for pages, pt in (("shuffled", shuffled), ("in order", ordered)):
+        for name, cfg in CONFIGS.items():
+            if (heads != 64 or pages != "shuffled") and name not in ("default", "scales_tma"):
+                continue
+            args = (x["q8"], x["w"], x["pages"], pt, x["seq_lens"], x["out"])
+
+            def fn(args=args, cfg=cfg):
+                indexer_logits_fp8_(*args, config=cfg)
+
+            if once:
+                fn()
+                torch.cuda.synchronize()
+                continue
+            us = median_us(fn)
+            frac = logit_bytes(BS, CTX, heads, DIM, True) / us * 1e-3 / copy["gbps"]
+            print(f"| {name} {tuple(cfg)[:4]} | {heads} | {pages} | {us:.1f} | {frac:.3f} |")
