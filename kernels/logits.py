@@ -93,6 +93,13 @@ def ref_logits_fp8(q, w, pages, page_table, seq_lens, max_len, compute_dtype=tor
 
 
 @triton.jit
+def _page_scales(scale_ptr, page, offs_t, ok, D: tl.constexpr, PAGE_STRIDE: tl.constexpr):
+    """The PAGE float32 scales of fp8 page `page` (0 where not ok): they follow its PAGE*D values."""
+    row = scale_ptr + page * (PAGE_STRIDE // 4) + (64 * D // 4)
+    return tl.load(row + offs_t, mask=(offs_t < 64) & ok, other=0.0)
+
+
+@triton.jit
 def _work_item(
     b,
     chunk,
@@ -100,7 +107,6 @@ def _work_item(
     w_ptr,
     k_ptr,
     k_desc,
-    s_desc,
     scale_ptr,
     pt_ptr,
     seq_lens_ptr,
@@ -120,7 +126,7 @@ def _work_item(
     IS_FP8: tl.constexpr,
     FP32_IEEE: tl.constexpr,
     K_LOAD: tl.constexpr,
-    SCALE_TMA: tl.constexpr,
+    SCALE_PREFETCH: tl.constexpr,
 ):
     """One work item: request b (int64), tiles_per_prog tiles of its context from chunk's."""
     PAGE_: tl.constexpr = 64
@@ -141,20 +147,34 @@ def _work_item(
     q_rows = q_ptr + b * stride_qb + offs_h[:, None] * stride_qh + offs_d[None, :]
     q_t = tl.trans(tl.load(q_rows, mask=h_ok[:, None], other=0.0))
     w = tl.load(w_ptr + b * stride_wb + offs_h, mask=h_ok, other=0.0)
+    pt_row = pt_ptr + b * stride_ptb
+    # fp8 scales one tile ahead, their page ids two (SCALE_PREFETCH): the pipeliner leaves a load
+    # that feeds no dot in the iteration that uses it, where its latency stalled every tile (ncu:
+    # L1TEX scoreboard, 60 % of the warps' stalled cycles). Only live tiles' page ids are followed.
+    scale_next = tl.zeros([BLOCK_T], tl.float32)
+    page_ahead = 0
+    if SCALE_PREFETCH:
+        page_next = tl.load(pt_row + t_begin // PAGE_, mask=n_live > 0, other=0).to(tl.int64)
+        scale_next = _page_scales(scale_ptr, page_next, offs_t, n_live > 0, D, PAGE_STRIDE)
+        page_ahead = tl.load(pt_row + t_begin // PAGE_ + 1, mask=n_live > 1, other=0).to(tl.int64)
 
     for i in range(0, n_live):
         t0 = t_begin + i * BLOCK_T
         t = t0 + offs_t
+        scale = scale_next
+        if SCALE_PREFETCH:  # tile i+1's scales (its page id came an iteration ago), tile i+2's page id
+            scale_next = _page_scales(scale_ptr, page_ahead, offs_t, i + 1 < n_live, D, PAGE_STRIDE)
+            page_ahead = tl.load(pt_row + t0 // PAGE_ + 2, mask=i + 2 < n_live, other=0).to(tl.int64)
         # [BLOCK_T, D] tile, D contiguous: the K-major A operand (what fp8 wgmma needs)
         if K_LOAD == 1:  # the tile is one page, live (i < n_live): one TMA box
             # its id once, a scalar the pipeliner prefetches with the box: the fp8 scales'
             # address comes from it too, with no per-entry page-table load in the loop
-            page = tl.load(pt_ptr + b * stride_ptb + t0 // PAGE_).to(tl.int64)
+            page = tl.load(pt_row + t0 // PAGE_).to(tl.int64)
             page_ok = offs_t < BLOCK_T
             k = k_desc.load([(page * PAGE_ROWS).to(tl.int32), 0])
         else:
             page_ok = t // PAGE_ < live_pages  # never follow page ids past seq_len
-            page = tl.load(pt_ptr + b * stride_ptb + t // PAGE_, mask=page_ok, other=0).to(tl.int64)
+            page = tl.load(pt_row + t // PAGE_, mask=page_ok, other=0).to(tl.int64)
             if K_LOAD == 2:  # any rows: TMA gather (sm_100)
                 k = k_desc.gather((page * PAGE_ROWS + t % PAGE_).to(tl.int32), 0)
             else:
@@ -169,9 +189,7 @@ def _work_item(
         if IS_FP8:
             # the per-entry scales once per tile, after the head sum: relu(x * s) == relu(x) * s
             # for s > 0. As float32, page p's scales start at p * PAGE_STRIDE/4 + PAGE*D/4
-            if SCALE_TMA:  # one [1, PAGE] box of the [pages, PAGE_STRIDE/4] float32 view
-                scale = s_desc.load([page.to(tl.int32), PAGE_ * D // 4]).reshape([BLOCK_T])
-            else:
+            if not SCALE_PREFETCH:
                 scale_row = scale_ptr + page * (PAGE_STRIDE // 4) + (PAGE_ * D // 4)
                 scale = tl.load(scale_row + t % PAGE_, mask=page_ok, other=0.0)
             logit = logit * scale
@@ -190,7 +208,6 @@ def _indexer_logits_kernel(
     w_ptr,
     k_ptr,
     k_desc,  # a [rows, D] TMA descriptor over the cache (k_load tma / gather), else None
-    s_desc,  # fp8 with scale_load tma: a [pages, PAGE_STRIDE/4] float32 descriptor, else None
     scale_ptr,
     pt_ptr,
     seq_lens_ptr,
@@ -211,7 +228,7 @@ def _indexer_logits_kernel(
     IS_FP8: tl.constexpr,
     FP32_IEEE: tl.constexpr,  # fp32 operands (test path): exact dot, not tf32
     K_LOAD: tl.constexpr,  # 0 pointers, 1 one TMA tile per page, 2 TMA gather of rows
-    SCALE_TMA: tl.constexpr,  # fp8 scales through s_desc
+    SCALE_PREFETCH: tl.constexpr,  # fp8 scales loaded one tile ahead (scale_load "prefetch")
     PERSISTENT: tl.constexpr,  # walk items pid, pid + programs, ...; else the item (pid0, pid1)
 ):
     # work item = (request b, chunk of tiles_per_prog tiles). Without PERSISTENT no loop around
@@ -226,7 +243,6 @@ def _indexer_logits_kernel(
                 w_ptr,
                 k_ptr,
                 k_desc,
-                s_desc,
                 scale_ptr,
                 pt_ptr,
                 seq_lens_ptr,
@@ -246,7 +262,7 @@ def _indexer_logits_kernel(
                 IS_FP8,
                 FP32_IEEE,
                 K_LOAD,
-                SCALE_TMA,
+                SCALE_PREFETCH,
             )
     else:  # grid (bs, n_chunks)
         _work_item(
@@ -256,7 +272,6 @@ def _indexer_logits_kernel(
             w_ptr,
             k_ptr,
             k_desc,
-            s_desc,
             scale_ptr,
             pt_ptr,
             seq_lens_ptr,
@@ -276,7 +291,7 @@ def _indexer_logits_kernel(
             IS_FP8,
             FP32_IEEE,
             K_LOAD,
-            SCALE_TMA,
+            SCALE_PREFETCH,
         )
 
 
@@ -344,10 +359,6 @@ def plan(q, w, k, scales, page_table, seq_lens, out, cfg, is_fp8, arch, per_requ
         rows = k.view(-1, d)
         box = [PAGE if cfg.k_load == "tma" else 1, d]
         desc = TensorDescriptor(rows, list(rows.shape), list(rows.stride()), box)
-    s_desc = None
-    scale_tma = is_fp8 and cfg.scale_load == "tma"
-    if scale_tma:  # scales: pages viewed as float32 [pages, PAGE_STRIDE/4], one page's PAGE a box
-        s_desc = TensorDescriptor(scales, list(scales.shape), list(scales.stride()), [1, PAGE])
     grid = (bs, n_chunks)
     if cfg.persistent:
         grid = (min(bs * n_chunks, cfg.persistent * num_sms(q.device)),)
@@ -356,7 +367,6 @@ def plan(q, w, k, scales, page_table, seq_lens, out, cfg, is_fp8, arch, per_requ
         w_ptr=w,
         k_ptr=k,
         k_desc=desc,
-        s_desc=s_desc,
         scale_ptr=scales,
         pt_ptr=page_table,
         seq_lens_ptr=seq_lens,
@@ -377,7 +387,7 @@ def plan(q, w, k, scales, page_table, seq_lens, out, cfg, is_fp8, arch, per_requ
         IS_FP8=is_fp8,
         FP32_IEEE=q.dtype == torch.float32,
         K_LOAD=K_LOADS.index(cfg.k_load),
-        SCALE_TMA=scale_tma,
+        SCALE_PREFETCH=is_fp8 and cfg.scale_load == "prefetch",
         PERSISTENT=bool(cfg.persistent),
     )
     options = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
@@ -445,7 +455,7 @@ def compile_cases(arch, config=None):
     variants = [
         ("", config),
         ("_tma", tma_cfg),
-        ("_tma_scales", dict(tma_cfg, scale_load="tma")),  # the fp8 scales through a TMA box too
+        ("_prefetch", dict(tma_cfg, scale_load="prefetch")),  # fp8 scales one tile ahead
         # the pointer path, pipelined (7 stages) and not (3): what a descriptor-less GPU runs
         ("_ptr", dict(block_t=64, tiles_per_prog=16, num_warps=4, num_stages=7, k_load="ptr")),
         ("_ptr3", dict(block_t=128, tiles_per_prog=4, num_warps=4, num_stages=3, k_load="ptr")),

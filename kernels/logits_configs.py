@@ -31,7 +31,8 @@ class LogitsConfig(NamedTuple):
     min_programs: int = 1024  # below this many work items, split the context finer
     k_load: str = "ptr"  # how K tiles reach shared memory: pointers, a TMA tile, TMA gather
     persistent: int = 0  # 0: one program per work item; n: n programs per SM walk them all
-    scale_load: str = "ptr"  # fp8 scales: pointers, or (with k_load "tma") a TMA box beside K's
+    scale_load: str = "ptr"  # fp8 scales: pointers in the tile's iteration, or (with k_load "tma")
+    # "prefetch": pointers issued one tile ahead
 
 
 CONFIGS = {
@@ -66,8 +67,8 @@ def as_config(config):
         raise ValueError(f"config k_load {c.k_load!r}: choose one of {', '.join(K_LOADS)}")
     if c.block_t % 64 or c.block_t < 64 or (c.k_load == "tma" and c.block_t != 64):
         raise ValueError(f"config block_t={c.block_t}: a multiple of 64 (exactly 64 with k_load 'tma')")
-    if c.scale_load not in ("ptr", "tma") or (c.scale_load == "tma" and c.k_load != "tma"):
-        raise ValueError(f"config scale_load {c.scale_load!r}: 'ptr', or 'tma' with k_load 'tma'")
+    if c.scale_load not in ("ptr", "prefetch") or (c.scale_load == "prefetch" and c.k_load != "tma"):
+        raise ValueError(f"config scale_load {c.scale_load!r}: 'ptr', or 'prefetch' with k_load 'tma'")
     if c.tiles_per_prog < 1 or c.num_warps not in (1, 2, 4, 8, 16) or c.num_stages < 1 or c.persistent < 0:
         raise ValueError(f"config {c}: tiles_per_prog >= 1, num_warps a power of two <= 16, num_stages >= 1")
     return c
@@ -94,10 +95,10 @@ def candidates(kind, heads, dim, arch):
             for stages in (3, 5, 7):
                 space.append(LogitsConfig(block_t, tiles, 4, stages))
     for tiles in (8, 16):
-        for stages in (3, 5):
+        for stages in (3, 4, 5):
             space.append(LogitsConfig(64, tiles, 4, stages, k_load="tma"))
-            if kind == "fp8":  # the scales through a TMA box too (not yet timed on a GPU)
-                space.append(LogitsConfig(64, tiles, 4, stages, k_load="tma", scale_load="tma"))
+            if kind == "fp8":  # the scales' load issued a tile ahead (not yet timed on a GPU)
+                space.append(LogitsConfig(64, tiles, 4, stages, k_load="tma", scale_load="prefetch"))
     if arch >= 100:
         for block_t in (64, 128):
             for stages in (3, 5):

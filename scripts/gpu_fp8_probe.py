@@ -6,7 +6,7 @@ timing variants that each leave one cost out, as graph replays (kernels.harness.
   pages shuffled | in order
                      the page table a permutation (the benchmark's) or 0, 1, 2, ...: address
                      translation and DRAM locality on scattered 8 KB pages
-  each config of the fp8 sweep's TMA space
+  the scales' load in the tile's iteration (scale_load "ptr") or a tile ahead ("prefetch")
 
   python scripts/gpu_fp8_probe.py            the table (stdout)
   python scripts/gpu_fp8_probe.py --once     one launch of each variant, for ncu to profile
@@ -29,10 +29,10 @@ ARCH = torch.cuda.get_device_capability()[0] * 10
 BASE = config_for("fp8", ARCH)
 CONFIGS = {
     "default": BASE,
-    "scales_tma": BASE._replace(scale_load="tma"),
-    "stages3": BASE._replace(num_stages=3),
-    "tiles32": BASE._replace(tiles_per_prog=32),
-    "persistent4": BASE._replace(persistent=4),
+    "prefetch": BASE._replace(scale_load="prefetch"),
+    "prefetch_stages3": BASE._replace(scale_load="prefetch", num_stages=3),
+    "prefetch_stages4": BASE._replace(scale_load="prefetch", num_stages=4),
+    "prefetch_tiles8": BASE._replace(scale_load="prefetch", tiles_per_prog=8),
 }
 once = "--once" in sys.argv
 copy = None if once else copy_row()
@@ -46,7 +46,7 @@ for heads in (64, 16):
     ordered = torch.arange(shuffled.numel(), device="cuda", dtype=torch.int32).view_as(shuffled)
     for pages, pt in (("shuffled", shuffled), ("in order", ordered)):
         for name, cfg in CONFIGS.items():
-            if (heads != 64 or pages != "shuffled") and name not in ("default", "scales_tma"):
+            if (heads != 64 or pages != "shuffled") and name not in ("default", "prefetch"):
                 continue
             args = (x["q8"], x["w"], x["pages"], pt, x["seq_lens"], x["out"])
 

@@ -73,11 +73,12 @@ CONFIGS = [
     # TMA page tiles; a persistent grid of one program (num_sms patched to 1) walking every item
     dict(block_t=64, tiles_per_prog=2, num_warps=4, num_stages=2, min_programs=0, k_load="tma"),
     dict(block_t=128, tiles_per_prog=1, num_warps=4, num_stages=2, min_programs=0, persistent=1),
-    # fp8's scales through a TMA box beside K's (bf16 has no scales: the tma path again)
-    dict(block_t=64, tiles_per_prog=2, num_warps=4, num_stages=2, min_programs=0, k_load="tma")
-    | dict(scale_load="tma"),
+    # fp8's scales loaded a tile ahead: 3 tiles a program, so one program holds a live tile
+    # followed by a live one, by a dead one, and none at all (bf16 has no scales: tma again)
+    dict(block_t=64, tiles_per_prog=3, num_warps=4, num_stages=2, min_programs=0, k_load="tma")
+    | dict(scale_load="prefetch"),
 ]
-CONFIG_IDS = ["t64x1", "t128x3", "tma", "persistent", "tma_scales"]
+CONFIG_IDS = ["t64x1", "t128x3", "tma", "persistent", "prefetch"]
 
 
 @pytest.fixture(autouse=True)
@@ -370,7 +371,7 @@ def test_launcher_validation_errors():
     q8 = q.to(torch.float8_e4m3fn)
     sl_strided = torch.zeros(6, dtype=torch.int32)[::2]
     cfg = dict(block_t=128, tiles_per_prog=1, num_warps=4, num_stages=2)
-    scales_tma_ptr_k, scales_unknown = dict(cfg, scale_load="tma"), dict(cfg, scale_load="x")
+    prefetch_ptr_k, scales_unknown = dict(cfg, scale_load="prefetch"), dict(cfg, scale_load="x")
     bad = [
         (lambda: ix.indexer_logits_bf16_(q, w.double(), k, pt, sl, out), "w must be torch.float32"),
         (lambda: ix.indexer_logits_bf16_(q, w[:2], k, pt, sl, out), r"w must have shape \(3, 4\)"),
@@ -399,7 +400,7 @@ def test_launcher_validation_errors():
         (lambda: ix.indexer_logits_bf16_(q, w, k, pt, sl, out, config=dict(cfg, block_t=96)), "block_t=96"),
         (lambda: ix.indexer_logits_bf16_(q, w, k, pt, sl, out, config=dict(cfg, k_load="tma")), "exactly 64"),
         (lambda: ix.indexer_logits_bf16_(q, w, k, pt, sl, out, config=dict(cfg, k_load="gather")), "sm_100"),
-        (lambda: ix.indexer_logits_fp8_(q8, w, pages, pt, sl, out, config=scales_tma_ptr_k), "scale_load"),
+        (lambda: ix.indexer_logits_fp8_(q8, w, pages, pt, sl, out, config=prefetch_ptr_k), "scale_load"),
         (lambda: ix.indexer_logits_fp8_(q8, w, pages, pt, sl, out, config=scales_unknown), "scale_load"),
     ]
     for fn, msg in bad:
