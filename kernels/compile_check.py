@@ -111,9 +111,7 @@ def candidate_rows(arch):
                     regs=r["regs"],
                     spill_bytes=r["local_bytes"] + r["stack_bytes"] + r["ptx_local"],
                     shared=r["shared"],
-                    ctas_per_sm=min(
-                        SHARED_LIMIT[arch] // max(r["shared"], 1), 65536 // (r["regs"] * 32 * cfg.num_warps)
-                    ),
+                    ctas_per_sm=r["ctas_per_sm"],
                 )
             )
     return rows
