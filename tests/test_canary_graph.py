@@ -95,7 +95,9 @@ def replay(eager, graphed, runner, step, plant=()):
     runner.static[BUCKET].fill(step["tokens"], step["page_table"], step["seq_lens"], step["store_slots"])
     for p in plant:
         eager.cache[p, 1, 0] += 1
-    return eager.after(step), graphed.after(step)
+    want = eager.after(step)
+    assert graphed.after(step) is None  # the record is built later, when read
+    return want, graphed.records[-1]
 
 
 @pytest.mark.parametrize("cap", [2, 512])
@@ -128,6 +130,22 @@ def test_switching_between_steps_with_and_without_live_pages():
         plant = pick(sorted(live - expected), 2, torch.Generator().manual_seed(seed))
         a, b = replay(eager, graphed, runner, step, plant)
         assert a == b and len(b["live_overwrites"]) == len(plant)
+
+
+def test_a_record_is_built_at_the_next_after_or_when_read():
+    """after() leaves the answer in flight: the next after() builds the last replay's record (its
+    buffers are reused), reading `records` builds the rest; the same records as the eager canary."""
+    eager, graphed, _, runner = pair(8, 0)
+    steps = [random_step(seed, live_pages=True) for seed in range(3)]
+    for i, step in enumerate(steps):
+        eager.before(step)
+        graphed.before(step)
+        runner.static[BUCKET].fill(step["tokens"], step["page_table"], step["seq_lens"], step["store_slots"])
+        eager.cache[sorted(host_sets(step)[0])[0], 1, 0] += 1
+        eager.after(step)
+        graphed.after(step)
+        assert len(graphed._records) == i  # built so far: every replay's but the last
+    assert graphed.records == eager.records and len(graphed._records) == 3
 
 
 def test_after_without_before_and_before_without_a_step_refuse():
@@ -173,7 +191,8 @@ def test_cuda_graphed_canary_matches_the_eager_one(dtype):
             runner.run(*b)
             for p in plant:
                 m.index_cache[p].view(torch.uint8)[7] += 1
-            got, want = graphed.after(step), eager.after(step)
+            graphed.after(step)
+            want, got = eager.after(step), graphed.records[-1]
             assert got == want, (i, got, want)
             assert set(live) <= set(got["live_overwrites"]) and got["free_writes"] == free
         assert graphed.records[0]["expected"] == 8  # one store page per row

@@ -3,7 +3,7 @@
 The eager canary (nblib.instruments.canary) issues some twenty small ops and one sync (sizing the
 watched ids) around each replay; the GPU idles while the host launches them. Here every op has a
 fixed shape, so each bucket's work is captured once and a replay costs two graph launches and one
-small device-to-host copy, with no host sync before the replay:
+small device-to-host copy, with no host sync at all:
 
   before graph   checksum every page into a fixed buffer (the step's pages are not known yet:
                  runner.run fills the bucket's StaticBatch after before())
@@ -12,12 +12,15 @@ small device-to-host copy, with no host sync before the replay:
                  (live, expected, scratch, and a fixed-k free sample: torch.rand keys on the default
                  CUDA generator, which capture supports, each replay advancing its offset); changed
                  = watched pages whose checksum moved; the first `cap` of them packed with the counts
-                 into one int64 buffer, brought back in one .cpu()
+                 into one int64 buffer, copied to the host without waiting
 
-More than `cap` changed pages take a second transfer (the changed pages themselves), as the eager
-canary's changed_pages does. The records are the eager canary's for the same pages watched; the free
-sample differs in which pages (drawn after the replay rather than before, independently of the
-cache's contents), not how many. Reproducible from torch.cuda.manual_seed.
+after() leaves the copy in flight and returns: the step's record is built from it at the next
+after() (the host's work then overlaps the next replay) or when `records` is read, so the GPU never
+waits for the host between replays. More than `cap` changed pages take a second transfer (the
+changed pages themselves), as the eager canary's changed_pages does. The records are the eager
+canary's for the same pages watched; the free sample differs in which pages (drawn after the
+replay rather than before, independently of the cache's contents), not how many. Reproducible from
+torch.cuda.manual_seed.
 
     canary = GraphedCanary(runner)             # the runner whose StaticBatch tensors it reads
     run_sessions(runner, w, instruments=[canary])
@@ -116,9 +119,23 @@ class GraphedCanary(C.Canary):
         self._use_table = torch.ones(1, dtype=torch.bool, device=d)  # the after graph's inputs
         self._live = torch.zeros(pages, dtype=torch.bool, device=d)
         self._host_live = torch.zeros(pages, dtype=torch.bool, pin_memory=self.cuda)
+        self._live_sent = None  # CUDA: an event behind _host_live's last copy to the device
         self._given = False  # whether _live holds a step's live_pages now
         self._graphs = {}
         self._bucket = None
+        # the last replay's answer, in flight: (step, changed, classes, packed on the host, event)
+        self._pending = None
+        self._host_packed = torch.zeros(cap + 3, dtype=torch.int64, pin_memory=self.cuda)
+
+    @property
+    def records(self):
+        """One dict per replay, as the eager canary's; reading it builds the last replay's."""
+        self.flush()
+        return self._records
+
+    @records.setter
+    def records(self, value):
+        self._records = value
 
     def _capture(self, bucket):
         st, cache, gen = self.runner.static[bucket], self.cache, None if self.graphed else self._rng
@@ -155,9 +172,14 @@ class GraphedCanary(C.Canary):
                 self._live.zero_()
                 self._given = False
             return
+        if self._live_sent is not None:  # the last copy out of _host_live has been made
+            self._live_sent.synchronize()
         self._host_live.zero_()
         self._host_live[C.as_index(live_pages, "cpu")] = True
         self._live.copy_(self._host_live, non_blocking=self.cuda)
+        if self.cuda:
+            self._live_sent = torch.cuda.Event()
+            self._live_sent.record()
         if not self._given:
             self._use_table.fill_(False)
             self._given = True
@@ -172,14 +194,33 @@ class GraphedCanary(C.Canary):
         self._bucket = b
 
     def after(self, step):
+        """Replays the bucket's after graph and starts the answer's copy to the host; the record
+        comes later (the module docstring). Returns None: read `records`."""
         if self._bucket is None:
             raise RuntimeError("canary.after() without canary.before(): no checksums to compare with")
+        self.flush()  # the last replay's record, while the GPU runs this one; frees its buffers
         changed, classes, packed = self._graphs[self._bucket][1]()
         self._bucket = None
-        n_changed, n_expected, n_watched, pages, codes = unpack(packed.cpu().numpy(), self.cap)
+        done = None
+        if self.cuda:
+            self._host_packed.copy_(packed, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record()
+        else:
+            self._host_packed = packed
+        self._pending = (step, changed, classes, done)
+
+    def flush(self):
+        """Build the record of the replay whose answer is in flight, if any (waits for its copy)."""
+        if self._pending is None:
+            return
+        step, changed, classes, done = self._pending
+        self._pending = None
+        if done is not None:
+            done.synchronize()
+        n_changed, n_expected, n_watched, pages, codes = unpack(self._host_packed.numpy(), self.cap)
         if pages is None:  # more than cap changed: a second transfer, as changed_pages does
             got = (self._all * 8 + classes)[changed].cpu().numpy()
             pages, codes = got >> 3, got & 7
-        rec = C.record(step, len(self.records), n_watched, n_changed, n_expected, pages, codes)
-        self.records.append(rec)
-        return rec
+        rec = C.record(step, len(self._records), n_watched, n_changed, n_expected, pages, codes)
+        self._records.append(rec)
