@@ -13,10 +13,9 @@ tile, ahead of every pointer config: bf16 139-142 us against 146-179, fp8 80.4-8
 software pipeliner stages; the descriptor path prefetches the page id with the box. As compiled
 (compile_sm90.md): bf16 66 KB of shared memory, 3 CTAs per SM; fp8 (3 stages) 25 KB and 64
 registers, 8 CTAs per SM.
-fp8 loads each tile's scales a tile ahead (scale_load "prefetch"): ncu at 40b4aec found 60 % of the
-warps' stalled cycles waiting on the scale load the pipeliner leaves in the iteration that uses it;
-ahead, the sweep at 7f3c9a9 read 79.4-80.7 us against 80.5-83.0 (a TMA box for the scales read
-85-86, and left the space). sm_100 takes the H200's winners, compiled and never run
+fp8 loads each tile's scales a tile ahead (scale_load "prefetch"): the pipeliner leaves that load in
+the iteration that uses it; ahead, the sweep at 7f3c9a9 read 79.4-80.7 us against 80.5-83.0 (a TMA
+box for the scales read 85-86, and left the space). sm_100 takes the H200's winners, compiled and never run
 (compile_sm100.md: tcgen05.mma, TMA, no spills); tests/test_kernel_compile.py holds each sm_100
 entry to sm_90's CTAs per SM, or where sm_100a's registers cap every config of the space lower (fp8:
 80 registers, 6 CTAs), to the best of them. Other load paths (pointers, TMA gather on sm_100, a
