@@ -93,10 +93,21 @@ def ref_logits_fp8(q, w, pages, page_table, seq_lens, max_len, compute_dtype=tor
 
 
 @triton.jit
-def _page_scales(scale_ptr, page, offs_t, ok, D: tl.constexpr, PAGE_STRIDE: tl.constexpr):
+def _page_scales(scale_ptr, page, offs_p, ok, D: tl.constexpr, PAGE_STRIDE: tl.constexpr):
     """The PAGE float32 scales of fp8 page `page` (0 where not ok): they follow its PAGE*D values."""
     row = scale_ptr + page * (PAGE_STRIDE // 4) + (64 * D // 4)
-    return tl.load(row + offs_t, mask=(offs_t < 64) & ok, other=0.0)
+    return tl.load(row + offs_p, mask=(offs_p < 64) & ok, other=0.0)
+
+
+@triton.jit
+def _head_sum(k, q_t, w, FP32_IEEE: tl.constexpr):
+    """sum_h w[h] * relu(k . q[h]) for each row of the K tile: tokens as M, heads as N, so the head
+    sum stays inside a warp (no shared-memory reduction)."""
+    if FP32_IEEE:
+        s = tl.dot(k, q_t, input_precision="ieee")
+    else:
+        s = tl.dot(k, q_t)  # [rows, BLOCK_H], fp32 accumulate
+    return tl.sum(tl.maximum(s, 0.0) * w[None, :], axis=1)
 
 
 @triton.jit
@@ -137,6 +148,7 @@ def _work_item(
     offs_h = tl.arange(0, BLOCK_H)
     offs_d = tl.arange(0, D)
     offs_t = tl.arange(0, BLOCK_T)
+    offs_p = tl.arange(0, PAGE_)
     h_ok = offs_h < H
     t_begin = chunk * (BLOCK_T * tiles_per_prog)
     seq_len = tl.minimum(tl.maximum(tl.load(seq_lens_ptr + b), 0), max_len)
@@ -151,11 +163,11 @@ def _work_item(
     # fp8 scales one tile ahead, their page ids two (SCALE_PREFETCH): the pipeliner leaves a load
     # that feeds no dot in the iteration that uses it, so its latency sat in every tile (ahead: 79.4
     # us against 80.5 in the sweep at 7f3c9a9). Only live tiles' page ids are followed.
-    scale_next = tl.zeros([BLOCK_T], tl.float32)
+    scale_next = tl.zeros([PAGE_], tl.float32)
     page_ahead = 0
     if SCALE_PREFETCH:
         page_next = tl.load(pt_row + t_begin // PAGE_, mask=n_live > 0, other=0).to(tl.int64)
-        scale_next = _page_scales(scale_ptr, page_next, offs_t, n_live > 0, D, PAGE_STRIDE)
+        scale_next = _page_scales(scale_ptr, page_next, offs_p, n_live > 0, D, PAGE_STRIDE)
         page_ahead = tl.load(pt_row + t_begin // PAGE_ + 1, mask=n_live > 1, other=0).to(tl.int64)
 
     for i in range(0, n_live):
@@ -163,15 +175,26 @@ def _work_item(
         t = t0 + offs_t
         scale = scale_next
         if SCALE_PREFETCH:  # tile i+1's scales (its page id came an iteration ago), tile i+2's page id
-            scale_next = _page_scales(scale_ptr, page_ahead, offs_t, i + 1 < n_live, D, PAGE_STRIDE)
+            scale_next = _page_scales(scale_ptr, page_ahead, offs_p, i + 1 < n_live, D, PAGE_STRIDE)
             page_ahead = tl.load(pt_row + t0 // PAGE_ + 2, mask=i + 2 < n_live, other=0).to(tl.int64)
-        # [BLOCK_T, D] tile, D contiguous: the K-major A operand (what fp8 wgmma needs)
-        if K_LOAD == 1:  # the tile is one page, live (i < n_live): one TMA box
+        # [rows, D] tiles, D contiguous: the K-major A operand (what fp8 wgmma needs)
+        if K_LOAD == 1:  # one TMA box a page, BLOCK_T // 64 of them; the first is live (i < n_live)
             # its id once, a scalar the pipeliner prefetches with the box: the fp8 scales'
             # address comes from it too, with no per-entry page-table load in the loop
             page = tl.load(pt_row + t0 // PAGE_).to(tl.int64)
-            page_ok = offs_t < BLOCK_T
-            k = k_desc.load([(page * PAGE_ROWS).to(tl.int32), 0])
+            logit = _head_sum(k_desc.load([(page * PAGE_ROWS).to(tl.int32), 0]), q_t, w, FP32_IEEE)
+            if IS_FP8:  # scales once per tile, after the head sum: relu(x * s) == relu(x) * s, s > 0
+                if not SCALE_PREFETCH:
+                    scale = _page_scales(scale_ptr, page, offs_p, True, D, PAGE_STRIDE)
+                logit = logit * scale
+            if BLOCK_T == 128:  # a second page in the same iteration: half the loop's fixed costs
+                # (its barriers, the store's layout conversion) per page; its id followed only if live
+                live2 = t0 + PAGE_ < seq_len
+                page2 = tl.load(pt_row + t0 // PAGE_ + 1, mask=live2, other=0).to(tl.int64)
+                logit2 = _head_sum(k_desc.load([(page2 * PAGE_ROWS).to(tl.int32), 0]), q_t, w, FP32_IEEE)
+                if IS_FP8:
+                    logit2 = logit2 * _page_scales(scale_ptr, page2, offs_p, live2, D, PAGE_STRIDE)
+                logit = tl.reshape(tl.permute(tl.join(logit, logit2), (1, 0)), [BLOCK_T])
         else:
             page_ok = t // PAGE_ < live_pages  # never follow page ids past seq_len
             page = tl.load(pt_row + t // PAGE_, mask=page_ok, other=0).to(tl.int64)
@@ -180,19 +203,10 @@ def _work_item(
             else:
                 row = page * PAGE_STRIDE + (t % PAGE_) * D
                 k = tl.load(k_ptr + row[:, None] + offs_d[None, :], mask=page_ok[:, None], other=0.0)
-        # tokens as M, heads as N: the head sum stays inside a warp (no smem reduction)
-        if FP32_IEEE:
-            s = tl.dot(k, q_t, input_precision="ieee")
-        else:
-            s = tl.dot(k, q_t)  # [BLOCK_T, BLOCK_H], fp32 accumulate
-        logit = tl.sum(tl.maximum(s, 0.0) * w[None, :], axis=1)
-        if IS_FP8:
-            # the per-entry scales once per tile, after the head sum: relu(x * s) == relu(x) * s
-            # for s > 0. As float32, page p's scales start at p * PAGE_STRIDE/4 + PAGE*D/4
-            if not SCALE_PREFETCH:
+            logit = _head_sum(k, q_t, w, FP32_IEEE)
+            if IS_FP8:  # as float32, page p's scales start at p * PAGE_STRIDE/4 + PAGE*D/4
                 scale_row = scale_ptr + page * (PAGE_STRIDE // 4) + (PAGE_ * D // 4)
-                scale = tl.load(scale_row + t % PAGE_, mask=page_ok, other=0.0)
-            logit = logit * scale
+                logit = logit * tl.load(scale_row + t % PAGE_, mask=page_ok, other=0.0)
         logit = tl.where(t < seq_len, logit, float("-inf"))
         tl.store(out_ptr + b * stride_ob + t, logit, mask=t < max_len)
 
@@ -456,6 +470,7 @@ def compile_cases(arch, config=None):
         ("", config),
         ("_tma", tma_cfg),
         ("_prefetch", dict(tma_cfg, scale_load="prefetch")),  # fp8 scales one tile ahead
+        ("_tma2", dict(tma_cfg, block_t=128, tiles_per_prog=8, num_stages=3)),  # two pages a tile
         # the pointer path, pipelined (7 stages) and not (3): what a descriptor-less GPU runs
         ("_ptr", dict(block_t=64, tiles_per_prog=16, num_warps=4, num_stages=7, k_load="ptr")),
         ("_ptr3", dict(block_t=128, tiles_per_prog=4, num_warps=4, num_stages=3, k_load="ptr")),

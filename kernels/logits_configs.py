@@ -14,13 +14,19 @@ software pipeliner stages; the descriptor path prefetches the page id with the b
 (compile_sm90.md): bf16 66 KB of shared memory, 3 CTAs per SM; fp8 (3 stages) 25 KB and 64
 registers, 8 CTAs per SM.
 fp8 loads each tile's scales a tile ahead (scale_load "prefetch"): the pipeliner leaves that load in
-the iteration that uses it; ahead, the sweep at 7f3c9a9 read 79.4-80.7 us against 80.5-83.0 (a TMA
-box for the scales read 85-86, and left the space). sm_100 takes the H200's winners, compiled and never run
-(compile_sm100.md: tcgen05.mma, TMA, no spills); tests/test_kernel_compile.py holds each sm_100
-entry to sm_90's CTAs per SM, or where sm_100a's registers cap every config of the space lower (fp8:
-80 registers, 6 CTAs), to the best of them. Other load paths (pointers, TMA gather on sm_100, a
-persistent grid) stay in the sweep's space and become defaults only when a committed sweep table
-shows them faster.
+the iteration that uses it; ahead, the sweep at 7f3c9a9 read 79.4-80.7 us against 80.5-83.0 (a
+TMA box for the scales read 85-86, and left the space).
+
+sm_100 takes the H200's winners, compiled and never run (compile_sm100.md: tcgen05.mma, TMA, no
+spills); tests/test_kernel_compile.py holds each sm_100 entry to sm_90's CTAs per SM, or where
+sm_100a's registers cap every config of the space lower (fp8: 80 registers, 6 CTAs), to the best
+of them.
+
+Two pages an iteration (k_load "tma", block_t 128, a box each) halves the loop's fixed costs per
+page: 5 CTA-wide barriers per two pages in the compiled loop on sm_90a, against 4 per page. It is
+checked on the interpreter and compiled, not yet timed. It and the other load paths (pointers, TMA
+gather on sm_100, a persistent grid) stay in the sweep's space and become defaults only when a
+committed sweep table shows them faster.
 """
 
 from typing import NamedTuple
@@ -29,7 +35,7 @@ K_LOADS = ("ptr", "tma", "gather")  # gather: TMA gather4 rows, sm_100 and later
 
 
 class LogitsConfig(NamedTuple):
-    block_t: int  # entries per tile, a multiple of PAGE (64 for k_load "tma": one page a tile)
+    block_t: int  # entries per tile, a multiple of PAGE (k_load "tma": 64 or 128, a TMA box a page)
     tiles_per_prog: int  # tiles one work item walks (at most; fewer when the batch is small)
     num_warps: int
     num_stages: int
@@ -70,10 +76,13 @@ def as_config(config):
     c = config
     if c.k_load not in K_LOADS:
         raise ValueError(f"config k_load {c.k_load!r}: choose one of {', '.join(K_LOADS)}")
-    if c.block_t % 64 or c.block_t < 64 or (c.k_load == "tma" and c.block_t != 64):
-        raise ValueError(f"config block_t={c.block_t}: a multiple of 64 (exactly 64 with k_load 'tma')")
-    if c.scale_load not in ("ptr", "prefetch") or (c.scale_load == "prefetch" and c.k_load != "tma"):
-        raise ValueError(f"config scale_load {c.scale_load!r}: 'ptr', or 'prefetch' with k_load 'tma'")
+    if c.block_t % 64 or c.block_t < 64 or (c.k_load == "tma" and c.block_t not in (64, 128)):
+        raise ValueError(f"config block_t={c.block_t}: a multiple of 64 (64 or 128 with k_load 'tma')")
+    prefetch_ok = c.k_load == "tma" and c.block_t == 64
+    if c.scale_load not in ("ptr", "prefetch") or (c.scale_load == "prefetch" and not prefetch_ok):
+        raise ValueError(
+            f"config scale_load {c.scale_load!r}: 'ptr', or 'prefetch' with k_load 'tma' and block_t 64"
+        )
     if c.tiles_per_prog < 1 or c.num_warps not in (1, 2, 4, 8, 16) or c.num_stages < 1 or c.persistent < 0:
         raise ValueError(f"config {c}: tiles_per_prog >= 1, num_warps a power of two <= 16, num_stages >= 1")
     return c
@@ -102,8 +111,11 @@ def candidates(kind, heads, dim, arch):
     for tiles in (8, 16):
         for stages in (3, 4, 5):
             space.append(LogitsConfig(64, tiles, 4, stages, k_load="tma"))
-            if kind == "fp8":  # the scales' load issued a tile ahead (not yet timed on a GPU)
+            if kind == "fp8":  # the scales' load issued a tile ahead
                 space.append(LogitsConfig(64, tiles, 4, stages, k_load="tma", scale_load="prefetch"))
+    for tiles in (4, 8):  # two pages an iteration, a box each (not yet timed on a GPU)
+        for stages in (2, 3):
+            space.append(LogitsConfig(128, tiles, 4, stages, k_load="tma"))
     if arch >= 100:
         for block_t in (64, 128):
             for stages in (3, 5):
