@@ -7,6 +7,7 @@ timing variants that each leave one cost out, as graph replays (kernels.harness.
                      the page table a permutation (the benchmark's) or 0, 1, 2, ...: address
                      translation and DRAM locality on scattered 8 KB pages
   the scales' load in the tile's iteration (scale_load "ptr") or a tile ahead ("prefetch")
+  one page an iteration or two (block_t 128, a TMA box each)
 
   python scripts/gpu_fp8_probe.py            the table (stdout)
   python scripts/gpu_fp8_probe.py --once     one launch of each variant, for ncu to profile
@@ -33,6 +34,9 @@ CONFIGS = {
     "prefetch_stages3": BASE._replace(scale_load="prefetch", num_stages=3),
     "prefetch_stages4": BASE._replace(scale_load="prefetch", num_stages=4),
     "prefetch_tiles8": BASE._replace(scale_load="prefetch", tiles_per_prog=8),
+    # two pages an iteration, a TMA box each: half the loop's barriers per page
+    "two_pages": BASE._replace(block_t=128, tiles_per_prog=8, scale_load="ptr"),
+    "two_pages_stages2": BASE._replace(block_t=128, tiles_per_prog=8, num_stages=2, scale_load="ptr"),
 }
 once = "--once" in sys.argv
 copy = None if once else copy_row()
@@ -46,7 +50,7 @@ for heads in (64, 16):
     ordered = torch.arange(shuffled.numel(), device="cuda", dtype=torch.int32).view_as(shuffled)
     for pages, pt in (("shuffled", shuffled), ("in order", ordered)):
         for name, cfg in CONFIGS.items():
-            if (heads != 64 or pages != "shuffled") and name not in ("default", "prefetch"):
+            if (heads != 64 or pages != "shuffled") and name not in ("default", "prefetch", "two_pages"):
                 continue
             args = (x["q8"], x["w"], x["pages"], pt, x["seq_lens"], x["out"])
 
