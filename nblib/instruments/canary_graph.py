@@ -28,6 +28,8 @@ torch.cuda.manual_seed.
 Off CUDA the same functions run eagerly (what the CPU tests hold to the eager canary's answers).
 """
 
+from typing import NamedTuple
+
 import torch
 
 from nblib.engine.model import PAGE
@@ -73,6 +75,15 @@ def unpack(host, cap=C.CHANGED_CAP):
     codes None when more than `cap` changed (they were not all packed)."""
     counts, pages, codes = C.unpack(host, 3, cap)
     return (*counts, pages, codes)
+
+
+class _InFlight(NamedTuple):
+    """A replay whose answer is still being copied to the host (GraphedCanary.after)."""
+
+    step: dict
+    changed: torch.Tensor  # the after graph's outputs, read if more than cap pages changed
+    classes: torch.Tensor
+    copied: object  # CUDA: an event behind the copy; None where the answer is already on the host
 
 
 class _Graphed:
@@ -123,8 +134,7 @@ class GraphedCanary(C.Canary):
         self._given = False  # whether _live holds a step's live_pages now
         self._graphs = {}
         self._bucket = None
-        # the last replay's answer, in flight: (step, changed, classes, packed on the host, event)
-        self._pending = None
+        self._pending = None  # the last replay's answer, in flight (_InFlight)
         self._host_packed = torch.zeros(cap + 3, dtype=torch.int64, pin_memory=self.cuda)
 
     @property
@@ -208,19 +218,18 @@ class GraphedCanary(C.Canary):
             done.record()
         else:
             self._host_packed = packed
-        self._pending = (step, changed, classes, done)
+        self._pending = _InFlight(step, changed, classes, done)
 
     def flush(self):
         """Build the record of the replay whose answer is in flight, if any (waits for its copy)."""
         if self._pending is None:
             return
-        step, changed, classes, done = self._pending
-        self._pending = None
-        if done is not None:
-            done.synchronize()
+        p, self._pending = self._pending, None
+        if p.copied is not None:
+            p.copied.synchronize()
         n_changed, n_expected, n_watched, pages, codes = unpack(self._host_packed.numpy(), self.cap)
         if pages is None:  # more than cap changed: a second transfer, as changed_pages does
-            got = (self._all * 8 + classes)[changed].cpu().numpy()
+            got = (self._all * 8 + p.classes)[p.changed].cpu().numpy()
             pages, codes = got >> 3, got & 7
-        rec = C.record(step, len(self._records), n_watched, n_changed, n_expected, pages, codes)
+        rec = C.record(p.step, len(self._records), n_watched, n_changed, n_expected, pages, codes)
         self._records.append(rec)
