@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Every GPU check in one device call (about 4 minutes on an H200): the capture audit on CUDA, the
-# GPU tests, the kernels' checks, config sweep and timing table, and what the instruments cost per
-# replay (the graphed canary included). On the GPU machine:
+# Every GPU check in one device call (about 5 minutes on an H200): the capture audit on CUDA, the
+# GPU tests, the kernels' checks, config sweep and timing table, what the instruments cost per
+# replay (the graphed canary included), and where the fp8 logits kernel's time goes. On the GPU
+# machine:
 #   source scripts/device_setup.sh && scripts/gpu_checks.sh OUTDIR
 # writes OUTDIR/{audit-zoo,bench,cost}/ and one log per step, then OUTDIR.tgz (one file to bring back).
 # Each step has its own time limit, so one that hangs cannot take the others' time.
@@ -22,5 +23,6 @@ step audit-zoo 150 python3 scripts/gpu_audit_zoo.py "$out/audit-zoo"
 step pytest-gpu 240 python3 -m pytest -q -m gpu -p no:cacheprovider
 step kernels 150 python3 -m kernels --check --sweep --bench --out "$out/bench"
 step instrument-cost 120 python3 scripts/gpu_instrument_cost.py "$out/cost"
+step fp8-probe 100 python3 scripts/gpu_fp8_probe.py  # its table is the step's log
 tail -n 2 "$out/pytest-gpu.log"
 tar czf "$out.tgz" -C "$(dirname "$out")" "$(basename "$out")"
