@@ -83,6 +83,7 @@ class _InFlight(NamedTuple):
     step: dict
     changed: torch.Tensor  # the after graph's outputs, read if more than cap pages changed
     classes: torch.Tensor
+    packed: torch.Tensor  # the packed answer on the host (CUDA: once `copied` has passed)
     copied: object  # CUDA: an event behind the copy; None where the answer is already on the host
 
 
@@ -135,7 +136,8 @@ class GraphedCanary(C.Canary):
         self._graphs = {}
         self._bucket = None
         self._pending = None  # the last replay's answer, in flight (_InFlight)
-        self._host_packed = torch.zeros(cap + 3, dtype=torch.int64, pin_memory=self.cuda)
+        if self.cuda:  # the copy's pinned target, reused: flush() has read it before the next copy
+            self._host_packed = torch.zeros(cap + 3, dtype=torch.int64, pin_memory=True)
 
     @property
     def records(self):
@@ -213,12 +215,10 @@ class GraphedCanary(C.Canary):
         self._bucket = None
         done = None
         if self.cuda:
-            self._host_packed.copy_(packed, non_blocking=True)
+            packed = self._host_packed.copy_(packed, non_blocking=True)
             done = torch.cuda.Event()
             done.record()
-        else:
-            self._host_packed = packed
-        self._pending = _InFlight(step, changed, classes, done)
+        self._pending = _InFlight(step, changed, classes, packed, done)
 
     def flush(self):
         """Build the record of the replay whose answer is in flight, if any (waits for its copy)."""
@@ -227,7 +227,7 @@ class GraphedCanary(C.Canary):
         p, self._pending = self._pending, None
         if p.copied is not None:
             p.copied.synchronize()
-        n_changed, n_expected, n_watched, pages, codes = unpack(self._host_packed.numpy(), self.cap)
+        n_changed, n_expected, n_watched, pages, codes = unpack(p.packed.numpy(), self.cap)
         if pages is None:  # more than cap changed: a second transfer, as changed_pages does
             got = (self._all * 8 + p.classes)[p.changed].cpu().numpy()
             pages, codes = got >> 3, got & 7
