@@ -28,16 +28,17 @@ if not torch.cuda.is_available():
 BS, CTX, DIM = 32, 65536, 128
 ARCH = torch.cuda.get_device_capability()[0] * 10
 BASE = config_for("fp8", ARCH)
-CONFIGS = {
+CONFIGS = {  # the default (kernels.logits_configs) and one change each
     "default": BASE,
-    "prefetch": BASE._replace(scale_load="prefetch"),
-    "prefetch_stages3": BASE._replace(scale_load="prefetch", num_stages=3),
-    "prefetch_stages4": BASE._replace(scale_load="prefetch", num_stages=4),
-    "prefetch_tiles8": BASE._replace(scale_load="prefetch", tiles_per_prog=8),
+    "scales_in_iteration": BASE._replace(scale_load="ptr"),
+    "stages4": BASE._replace(num_stages=4),
+    "stages5": BASE._replace(num_stages=5),
+    "tiles8": BASE._replace(tiles_per_prog=8),
     # two pages an iteration, a TMA box each: half the loop's barriers per page
     "two_pages": BASE._replace(block_t=128, tiles_per_prog=8, scale_load="ptr"),
     "two_pages_stages2": BASE._replace(block_t=128, tiles_per_prog=8, num_stages=2, scale_load="ptr"),
 }
+EVERYWHERE = ("default", "scales_in_iteration", "two_pages")  # also at 16 heads and pages in order
 once = "--once" in sys.argv
 copy = None if once else copy_row()
 if copy:
@@ -50,7 +51,7 @@ for heads in (64, 16):
     ordered = torch.arange(shuffled.numel(), device="cuda", dtype=torch.int32).view_as(shuffled)
     for pages, pt in (("shuffled", shuffled), ("in order", ordered)):
         for name, cfg in CONFIGS.items():
-            if (heads != 64 or pages != "shuffled") and name not in ("default", "prefetch", "two_pages"):
+            if (heads != 64 or pages != "shuffled") and name not in EVERYWHERE:
                 continue
             args = (x["q8"], x["w"], x["pages"], pt, x["seq_lens"], x["out"])
 
