@@ -14,9 +14,33 @@ from nblib.core.paths import ROOT
 from nblib.core.results import commit
 
 FLUSH_BYTES = 256 << 20  # larger than any GPU's L2 (H200: 50 MB), as do_bench's own flush
+# How the L2 is emptied before each timed call. "dirty" is do_bench's flush, a zero_ of FLUSH_BYTES:
+# it leaves the L2 full of dirty lines, so the timed kernel's first reads also write back about
+# 50 MB of the flush's own data (on the H200: 6 us more for the fp8 logits kernel, 6 for the bf16
+# one, 3.5 for a copy of the same bytes; the bench table's us_dirty_l2 against us). "clean" then
+# reads the buffer once, so the write-back lands in the flush and the kernel starts on a cold,
+# clean L2, as a decode step's kernel does after kernels that wrote a few MB. Tables take "clean"
+# and record "dirty" beside it.
+FLUSHES = ("clean", "dirty")
+_flush = {"default": "clean"}
 
 
-def median_us(fn, rep_ms=100, calls=10, replays=15):
+class flushing:
+    """with flushing("dirty"): median_us calls inside (that pass no flush) use that flush."""
+
+    def __init__(self, flush):
+        if flush not in FLUSHES:
+            raise ValueError(f"flush {flush!r}: choose one of {', '.join(FLUSHES)}")
+        self.flush = flush
+
+    def __enter__(self):
+        self.saved, _flush["default"] = _flush["default"], self.flush
+
+    def __exit__(self, *exc):
+        _flush["default"] = self.saved
+
+
+def median_us(fn, rep_ms=100, calls=10, replays=15, flush=None):
     """GPU time of one call of fn in microseconds, L2 cold, without the host's launch cost.
 
     do_bench times each call between two events recorded from Python, so when the launcher's host
@@ -24,20 +48,26 @@ def median_us(fn, rep_ms=100, calls=10, replays=15):
     the CPU's, and it moved 2x between runs on one H200. So: capture `calls` x (flush, fn) in one
     CUDA graph and the flushes alone in another, replay each `replays` times, and take the difference of
     the medians per call. A graph replay launches from the GPU, as the decode step's graph does.
+    flush: "clean" or "dirty" (FLUSHES; default: the enclosing flushing(), else "clean").
     fn must be capturable; one that is not (a host sync) falls back to do_bench (rep_ms)."""
+    flush = flush or _flush["default"]
+    if flush not in FLUSHES:
+        raise ValueError(f"flush {flush!r}: choose one of {', '.join(FLUSHES)}")
     if not torch.cuda.is_available():
         return triton.testing.do_bench(fn, rep=rep_ms, return_mode="median") * 1e3
     try:
-        both = _replay_ms(fn, calls, replays)
-        flush = _replay_ms(None, calls, replays)
+        both = _replay_ms(fn, calls, replays, flush)
+        alone = _replay_ms(None, calls, replays, flush)
     except RuntimeError:  # not capturable: host sync or query inside fn
         return triton.testing.do_bench(fn, rep=rep_ms, return_mode="median") * 1e3
-    return max(0.0, statistics.median(both) - statistics.median(flush)) / calls * 1e3
+    return max(0.0, statistics.median(both) - statistics.median(alone)) / calls * 1e3
 
 
-def _replay_ms(fn, calls, replays):
+def _replay_ms(fn, calls, replays, flush):
     """Milliseconds per replay of a graph of `calls` x (L2 flush[, fn])."""
     cache = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda")
+    rows = cache.view(torch.float32).view(4096, -1)
+    sink = torch.empty(4096, device="cuda")
     if fn is not None:
         fn()  # compile, autotune and allocate outside the capture
     torch.cuda.synchronize()
@@ -45,6 +75,8 @@ def _replay_ms(fn, calls, replays):
     with torch.cuda.graph(graph):
         for _ in range(calls):
             cache.zero_()
+            if flush == "clean":  # read it back: its dirty lines leave the L2 now, not in fn
+                torch.sum(rows, dim=1, out=sink)
             if fn is not None:
                 fn()
     times = replay_ms(graph, replays)

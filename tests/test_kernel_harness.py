@@ -58,22 +58,41 @@ def test_write_table_writes_json_and_markdown(tmp_path):
 
 
 def test_bench_table_fills_fractions_of_the_copy_bandwidth(monkeypatch):
+    """Each row timed under both flushes, each fraction against the copy under the same flush."""
     from kernels import __main__ as cli
 
+    def slower_if_dirty(us):  # what the fakes "measure": 10 % more after the dirty flush
+        return us * (1.1 if harness._flush["default"] == "dirty" else 1.0)
+
     monkeypatch.setattr(
-        cli, "copy_row", lambda: dict(name="copy", us=1000.0, bytes=4_000_000_000, gbps=4000.0)
+        cli,
+        "copy_row",
+        lambda: dict(name="copy", us=slower_if_dirty(1000.0), bytes=4_000_000_000, gbps=4000.0),
     )
-    for name, mod in (
-        ("logits", cli.logits_bench),
-        ("topk", cli.topk),
-        ("c", cli.checksum),
-        ("d", cli.differential),
+    for name, mod, us in (
+        ("logits", cli.logits_bench, 100.0),  # 2000 GB/s: half the copy's bandwidth
+        ("topk", cli.topk, 100.0),
+        ("c", cli.checksum, 100.0),
+        ("d", cli.differential, 50.0),  # a quarter of the time: twice the copy's bandwidth
     ):
-        row = dict(name=name, us=100.0, bytes=200_000_000)  # 2000 GB/s: half the copy's bandwidth
-        monkeypatch.setattr(mod, "benchmark", lambda row=row: [dict(row)])
+        monkeypatch.setattr(
+            mod,
+            "benchmark",
+            lambda name=name, us=us: [dict(name=name, us=slower_if_dirty(us), bytes=200_000_000)],
+        )
     rows = cli.bench_all()
     assert [r["name"] for r in rows] == ["copy", "logits", "topk", "c", "d"]
-    assert [r["frac_copy_bw"] for r in rows] == [1.0, 0.5, 0.5, 0.5, 0.5]
+    assert [r["frac_copy_bw"] for r in rows] == pytest.approx([1.0, 0.5, 0.5, 0.5, 1.0])
+    assert [r["us_dirty_l2"] for r in rows] == pytest.approx([1100.0, 110.0, 110.0, 110.0, 55.0])
+    assert [r["frac_copy_bw_dirty_l2"] for r in rows] == pytest.approx([1.0, 0.5, 0.5, 0.5, 1.0])
+    assert harness._flush["default"] == "clean"  # the dirty pass does not leak
+
+
+def test_flushing_refuses_an_unknown_flush():
+    with pytest.raises(ValueError, match="choose one of clean, dirty"):
+        harness.flushing("warm")
+    with pytest.raises(ValueError, match="choose one of clean, dirty"):
+        harness.median_us(lambda: None, flush="warm")
 
 
 def test_sweep_adopts_only_a_winner_that_is_not_the_default():
