@@ -60,7 +60,6 @@ LOGITS_VARIANTS = [
     dict(block_t=64, tiles_per_prog=8, num_warps=4, num_stages=5, k_load="tma"),
     dict(block_t=128, tiles_per_prog=4, num_warps=4, num_stages=3, persistent=2),
     dict(block_t=64, tiles_per_prog=16, num_warps=4, num_stages=5, k_load="tma", scale_load="prefetch"),
-    dict(block_t=128, tiles_per_prog=8, num_warps=4, num_stages=3, k_load="tma"),
 ]
 
 

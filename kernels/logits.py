@@ -178,7 +178,7 @@ def _work_item(
             scale_next = _page_scales(scale_ptr, page_ahead, offs_p, i + 1 < n_live, D, PAGE_STRIDE)
             page_ahead = tl.load(pt_row + t0 // PAGE_ + 2, mask=i + 2 < n_live, other=0).to(tl.int64)
         # [rows, D] tiles, D contiguous: the K-major A operand (what fp8 wgmma needs)
-        if K_LOAD == 1:  # one TMA box a page, BLOCK_T // 64 of them; the first is live (i < n_live)
+        if K_LOAD == 1:  # one TMA box, one page (BLOCK_T 64), live (i < n_live)
             # its id once, a scalar the pipeliner prefetches with the box: the fp8 scales'
             # address comes from it too, with no per-entry page-table load in the loop
             page = tl.load(pt_row + t0 // PAGE_).to(tl.int64)
@@ -187,14 +187,6 @@ def _work_item(
                 if not SCALE_PREFETCH:
                     scale = _page_scales(scale_ptr, page, offs_p, True, D, PAGE_STRIDE)
                 logit = logit * scale
-            if BLOCK_T == 128:  # a second page in the same iteration: half the loop's fixed costs
-                # (its barriers, the store's layout conversion) per page; its id followed only if live
-                live2 = t0 + PAGE_ < seq_len
-                page2 = tl.load(pt_row + t0 // PAGE_ + 1, mask=live2, other=0).to(tl.int64)
-                logit2 = _head_sum(k_desc.load([(page2 * PAGE_ROWS).to(tl.int32), 0]), q_t, w, FP32_IEEE)
-                if IS_FP8:
-                    logit2 = logit2 * _page_scales(scale_ptr, page2, offs_p, live2, D, PAGE_STRIDE)
-                logit = tl.reshape(tl.permute(tl.join(logit, logit2), (1, 0)), [BLOCK_T])
         else:
             page_ok = t // PAGE_ < live_pages  # never follow page ids past seq_len
             page = tl.load(pt_row + t // PAGE_, mask=page_ok, other=0).to(tl.int64)
@@ -470,7 +462,6 @@ def compile_cases(arch, config=None):
         ("", config),
         ("_tma", tma_cfg),
         ("_prefetch", dict(tma_cfg, scale_load="prefetch")),  # fp8 scales one tile ahead
-        ("_tma2", dict(tma_cfg, block_t=128, tiles_per_prog=8, num_stages=3)),  # two pages a tile
         # the pointer path, pipelined (7 stages) and not (3): what a descriptor-less GPU runs
         ("_ptr", dict(block_t=64, tiles_per_prog=16, num_warps=4, num_stages=7, k_load="ptr")),
         ("_ptr3", dict(block_t=128, tiles_per_prog=4, num_warps=4, num_stages=3, k_load="ptr")),

@@ -22,10 +22,10 @@ spills); tests/test_kernel_compile.py holds each sm_100 entry to sm_90's CTAs pe
 sm_100a's registers cap every config of the space lower (fp8: 80 registers, 6 CTAs), to the best
 of them.
 
-Two pages an iteration (k_load "tma", block_t 128, a box each) halves the loop's fixed costs per
-page: 5 CTA-wide barriers per two pages in the compiled loop on sm_90a, against 4 per page. It is
-checked on the interpreter and compiled, not yet timed. It and the other load paths (pointers, TMA
-gather on sm_100, a persistent grid) stay in the sweep's space and become defaults only when a
+Two pages an iteration (two TMA boxes, block_t 128) held the compiled loop to 5 CTA-wide barriers
+per two pages instead of 8, and ran slower: fp8 90.6 us against 79.3 (outputs/bench/h200-a8ca975,
+fp8_probe.md; 5 CTAs per SM instead of 8), so it left the kernel. The other load paths (pointers,
+TMA gather on sm_100, a persistent grid) stay in the sweep's space and become defaults only when a
 committed sweep table shows them faster.
 """
 
@@ -35,7 +35,7 @@ K_LOADS = ("ptr", "tma", "gather")  # gather: TMA gather4 rows, sm_100 and later
 
 
 class LogitsConfig(NamedTuple):
-    block_t: int  # entries per tile, a multiple of PAGE (k_load "tma": 64 or 128, a TMA box a page)
+    block_t: int  # entries per tile, a multiple of PAGE (k_load "tma": 64, one TMA box, one page)
     tiles_per_prog: int  # tiles one work item walks (at most; fewer when the batch is small)
     num_warps: int
     num_stages: int
@@ -76,13 +76,10 @@ def as_config(config):
     c = config
     if c.k_load not in K_LOADS:
         raise ValueError(f"config k_load {c.k_load!r}: choose one of {', '.join(K_LOADS)}")
-    if c.block_t % 64 or c.block_t < 64 or (c.k_load == "tma" and c.block_t not in (64, 128)):
-        raise ValueError(f"config block_t={c.block_t}: a multiple of 64 (64 or 128 with k_load 'tma')")
-    prefetch_ok = c.k_load == "tma" and c.block_t == 64
-    if c.scale_load not in ("ptr", "prefetch") or (c.scale_load == "prefetch" and not prefetch_ok):
-        raise ValueError(
-            f"config scale_load {c.scale_load!r}: 'ptr', or 'prefetch' with k_load 'tma' and block_t 64"
-        )
+    if c.block_t % 64 or c.block_t < 64 or (c.k_load == "tma" and c.block_t != 64):
+        raise ValueError(f"config block_t={c.block_t}: a multiple of 64 (64 with k_load 'tma': a page a box)")
+    if c.scale_load not in ("ptr", "prefetch") or (c.scale_load == "prefetch" and c.k_load != "tma"):
+        raise ValueError(f"config scale_load {c.scale_load!r}: 'ptr', or 'prefetch' with k_load 'tma'")
     if c.tiles_per_prog < 1 or c.num_warps not in (1, 2, 4, 8, 16) or c.num_stages < 1 or c.persistent < 0:
         raise ValueError(f"config {c}: tiles_per_prog >= 1, num_warps a power of two <= 16, num_stages >= 1")
     return c
@@ -113,9 +110,6 @@ def candidates(kind, heads, dim, arch):
             space.append(LogitsConfig(64, tiles, 4, stages, k_load="tma"))
             if kind == "fp8":  # the scales' load issued a tile ahead
                 space.append(LogitsConfig(64, tiles, 4, stages, k_load="tma", scale_load="prefetch"))
-    for tiles in (4, 8):  # two pages an iteration, a box each (not yet timed on a GPU)
-        for stages in (2, 3):
-            space.append(LogitsConfig(128, tiles, 4, stages, k_load="tma"))
     if arch >= 100:
         for block_t in (64, 128):
             for stages in (3, 5):

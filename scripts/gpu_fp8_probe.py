@@ -7,7 +7,6 @@ timing variants that each leave one cost out, as graph replays (kernels.harness.
                      the page table a permutation (the benchmark's) or 0, 1, 2, ...: address
                      translation and DRAM locality on scattered 8 KB pages
   the scales' load in the tile's iteration (scale_load "ptr") or a tile ahead ("prefetch")
-  one page an iteration or two (block_t 128, a TMA box each)
 
   python scripts/gpu_fp8_probe.py            the table (stdout)
   python scripts/gpu_fp8_probe.py --once     one launch of each variant, for ncu to profile
@@ -34,11 +33,8 @@ CONFIGS = {  # the default (kernels.logits_configs) and one change each
     "stages4": BASE._replace(num_stages=4),
     "stages5": BASE._replace(num_stages=5),
     "tiles8": BASE._replace(tiles_per_prog=8),
-    # two pages an iteration, a TMA box each: half the loop's barriers per page
-    "two_pages": BASE._replace(block_t=128, tiles_per_prog=8, scale_load="ptr"),
-    "two_pages_stages2": BASE._replace(block_t=128, tiles_per_prog=8, num_stages=2, scale_load="ptr"),
 }
-EVERYWHERE = ("default", "scales_in_iteration", "two_pages")  # also at 16 heads and pages in order
+EVERYWHERE = ("default", "scales_in_iteration")  # also at 16 heads and pages in order
 once = "--once" in sys.argv
 copy = None if once else copy_row()
 if copy:
