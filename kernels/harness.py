@@ -40,14 +40,14 @@ class flushing:
         _flush["default"] = self.saved
 
 
-def median_us(fn, rep_ms=100, calls=10, replays=15, flush=None):
+def median_us(fn, rep_ms=100, calls=10, replays=25, flush=None):
     """GPU time of one call of fn in microseconds, L2 cold, without the host's launch cost.
 
     do_bench times each call between two events recorded from Python, so when the launcher's host
     work (argument checks, Triton's binder) outlasts do_bench's L2 flush on the GPU, the figure is
     the CPU's, and it moved 2x between runs on one H200. So: capture `calls` x (flush, fn) in one
-    CUDA graph and the flushes alone in another, replay each `replays` times, and take the difference of
-    the medians per call. A graph replay launches from the GPU, as the decode step's graph does.
+    CUDA graph and the flushes alone in another, replay them in `replays` pairs, and take the median
+    of the pairs' differences per call. A graph replay launches from the GPU, as the decode step's graph does.
     flush: "clean" or "dirty" (FLUSHES; default: the enclosing flushing(), else "clean").
     fn must be capturable; one that is not (a host sync) falls back to do_bench (rep_ms)."""
     flush = flush or _flush["default"]
@@ -56,32 +56,37 @@ def median_us(fn, rep_ms=100, calls=10, replays=15, flush=None):
     if not torch.cuda.is_available():
         return triton.testing.do_bench(fn, rep=rep_ms, return_mode="median") * 1e3
     try:
-        both = _replay_ms(fn, calls, replays, flush)
-        alone = _replay_ms(None, calls, replays, flush)
+        per_replay = _paired_ms(fn, calls, replays, flush)
     except RuntimeError:  # not capturable: host sync or query inside fn
         return triton.testing.do_bench(fn, rep=rep_ms, return_mode="median") * 1e3
-    return max(0.0, statistics.median(both) - statistics.median(alone)) / calls * 1e3
+    return max(0.0, statistics.median(per_replay)) / calls * 1e3
 
 
-def _replay_ms(fn, calls, replays, flush):
-    """Milliseconds per replay of a graph of `calls` x (L2 flush[, fn])."""
+def _paired_ms(fn, calls, replays, flush):
+    """Milliseconds fn adds to a replay of `calls` x (L2 flush, fn), one figure per pair of replays:
+    that graph's and the flushes' alone, back to back, so a drift in clocks over the run (the
+    bench's rows run minutes apart) moves both of a pair alike."""
     cache = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda")
     rows = cache.view(torch.float32).view(4096, -1)
     sink = torch.empty(4096, device="cuda")
-    if fn is not None:
-        fn()  # compile, autotune and allocate outside the capture
+    fn()  # compile, autotune and allocate outside the capture
     torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            cache.zero_()
-            if flush == "clean":  # read it back: its dirty lines leave the L2 now, not in fn
-                torch.sum(rows, dim=1, out=sink)
-            if fn is not None:
-                fn()
-    times = replay_ms(graph, replays)
-    del graph
-    return times
+    graphs = []
+    for with_fn in (True, False):
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(calls):
+                cache.zero_()
+                if flush == "clean":  # read it back: its dirty lines leave the L2 now, not in fn
+                    torch.sum(rows, dim=1, out=sink)
+                if with_fn:
+                    fn()
+        graphs.append(graph)
+    for graph in graphs:
+        graph.replay()  # warm-up
+    pairs = [tuple(replay_ms(g, 1, warmup=0)[0] for g in graphs) for _ in range(replays)]
+    del graphs
+    return [b - a for b, a in pairs]
 
 
 def replay_ms(graph, replays, warmup=1):

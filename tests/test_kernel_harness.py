@@ -114,3 +114,17 @@ def test_cli_without_a_gpu_says_so():
     assert r.returncode == 1 and "needs a CUDA GPU" in r.stderr
     r = run_without_interpreter(["-m", "kernels"], timeout=120)
     assert r.returncode == 2 and "nothing to do" in r.stderr
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("flush", harness.FLUSHES)
+def test_median_us_measures_the_call_not_the_flush(flush):
+    """Twice the bytes through the same kernel read about twice the time, under either flush: the
+    flushes are subtracted pairwise and nothing of them is left in the figure."""
+    src = torch.zeros(2 * (64 << 20), device="cuda")  # 512 MB, twice the flush
+    dst = torch.empty_like(src)
+    half = src.numel() // 2
+    one = harness.median_us(lambda: torch.neg(src[:half], out=dst[:half]), flush=flush)
+    two = harness.median_us(lambda: torch.neg(src, out=dst), flush=flush)
+    assert one > 0 and 1.7 < two / one < 2.3, (one, two)
