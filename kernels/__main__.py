@@ -52,6 +52,7 @@ TOPK_SWEEP = [  # over topk.TOPK_CONFIG, its first row
     dict(bound_passes=1),
     dict(bound_passes=3),
     dict(maxima=2048),
+    dict(pdl=0),  # the select kernel launched after the maxima kernel's last CTA, not during its tail
 ]
 
 

@@ -7,6 +7,7 @@ its launcher picks for that architecture, and report what the code generator mad
   shared        bytes of shared memory a CTA needs, against the target's limit
   cp_async      16-byte async copies global -> shared (the pointer path's pipelined loads)
   waits         the pipeliner's async_wait depths (all 0: no copy/compute overlap in a CTA)
+  griddepcontrol  programmatic dependent launch's hand-over instructions (the top-k's two kernels)
 
     python -m kernels.compile_check [--arch 90 100]      # one JSON line per kernel and arch
 
@@ -70,6 +71,8 @@ def inspect(case, arch):
         other_tensor_core=sum(ptx.count(op) for a, op in TENSOR_CORE_OP.items() if a != arch),
         tma=ptx.count(TMA_OP),
         cp_async=len(re.findall(r"cp\.async\.c[ag]\.shared\.global", ptx)),
+        expect_pdl=case.pdl,
+        griddepcontrol=len(re.findall(r"griddepcontrol\.(?:wait|launch_dependents)", ptx)),
         expect_overlap=case.overlap,
         ptx_local=len(re.findall(r"^\s*\.local\b", ptx, re.M)),
         local_bytes=usage.get("LOCAL", 0),

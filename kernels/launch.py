@@ -70,3 +70,4 @@ class Case(NamedTuple):
     tensor_core: bool  # has a tl.dot that must land on the tensor cores
     tma: bool  # loads through a tensor descriptor
     overlap: bool | None = None  # pipelined loads overlap the dot inside a CTA (None: no claim)
+    pdl: bool = False  # programmatic dependent launch: griddepcontrol instructions in the code

@@ -39,6 +39,7 @@ Layout: reference, kernel, launcher, check (kernels.topk_check), benchmark. `pyt
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from kernels import args as A
 from kernels.harness import median_us
@@ -212,9 +213,12 @@ def _row_maxima_kernel(
     HAS_LEN: tl.constexpr,
     SUB: tl.constexpr,
     SUBS: tl.constexpr,  # sub-chunks per program
+    PDL: tl.constexpr,  # let the select kernel launch now: it waits for this grid in gdc_wait
 ):
     """maxima[row, j] = largest order key among entries [j*SUB, (j+1)*SUB) of the row (0 where
     none is valid): the one pass over the whole row, spread over many programs."""
+    if PDL:
+        gdc_launch_dependents()
     row = tl.program_id(0).to(tl.int64)
     n = width
     if HAS_LEN:
@@ -250,7 +254,10 @@ def _topk_kernel(
     RADIX_BITS: tl.constexpr,
     BOUND_BITS: tl.constexpr,
     BOUND_PASSES: tl.constexpr,  # 0: the exact bound, BOUND_BITS a step; n: n histogram passes
+    PDL: tl.constexpr,  # launched as a programmatic dependent of the maxima kernel
 ):
+    if PDL:  # resident while the maxima kernel drains; its writes are visible after this
+        gdc_wait()
     SUBS: tl.constexpr = BLOCK // SUB  # sub-chunks gathered per step
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * stride_x
@@ -323,7 +330,7 @@ def _topk_kernel(
 # 4096 over 16 (the select is latency-bound: smaller blocks, cheaper block-wide scans). Every
 # config here must compile without spills (tests/test_kernel_compile.py).
 TOPK_CONFIG = dict(
-    block=1024, num_warps=8, radix_bits=4, bound_bits=2, bound_passes=2, maxima=4096, maxima_warps=4
+    block=1024, num_warps=8, radix_bits=4, bound_bits=2, bound_passes=2, maxima=4096, maxima_warps=4, pdl=1
 )
 
 
@@ -348,11 +355,12 @@ def _sub_chunks(width, k, target):
     return sub, triton.next_power_of_2(triton.cdiv(width, sub))
 
 
-def plan_topk(logits, k, lengths=None, out=None, config=None):
+def plan_topk(logits, k, lengths=None, out=None, config=None, pdl=None):
     """The two launches (sub-chunk maxima, then select) for these arguments. Allocates on the
     current stream (inside a capture: from the graph's pool, as torch.topk's own temporaries):
     out when None, and workspaces, int32 [bs, NUM_MAX] twice and [bs, width] twice (the
-    candidates and their keys)."""
+    candidates and their keys). pdl: launch the select kernel as a programmatic dependent of the
+    maxima kernel (None: where the device can, a CUDA GPU of sm_90 or later; config pdl 0 never)."""
     _check_triton_args(logits, k, lengths, out)
     cfg = dict(TOPK_CONFIG, **(config or {}))
     A.need(32 % cfg["radix_bits"] == 0, f"radix_bits must divide 32, got {cfg['radix_bits']}")
@@ -372,7 +380,12 @@ def plan_topk(logits, k, lengths=None, out=None, config=None):
     lens = lengths if lengths is not None else logits  # unused without HAS_LEN
     common = dict(x_ptr=logits, len_ptr=lens, max_ptr=maxima, width=width, stride_x=logits.stride(0))
     has_len = lengths is not None
-    maxima_args = dict(common, stride_m=maxima.stride(0), HAS_LEN=has_len, SUB=sub, SUBS=per_prog)
+    # programmatic dependent launch (sm_90+, CUDA only): the select kernel's launch overlaps the
+    # maxima kernel's tail instead of following its last CTA
+    if pdl is None:
+        pdl = dev.type == "cuda" and torch.cuda.get_device_capability(dev)[0] >= 9
+    pdl = bool(pdl and cfg["pdl"])
+    maxima_args = dict(common, stride_m=maxima.stride(0), HAS_LEN=has_len, SUB=sub, SUBS=per_prog, PDL=pdl)
     select_args = dict(
         common,
         sub_ptr=subs,
@@ -391,11 +404,14 @@ def plan_topk(logits, k, lengths=None, out=None, config=None):
         RADIX_BITS=cfg["radix_bits"],
         BOUND_BITS=cfg["bound_bits"],
         BOUND_PASSES=cfg["bound_passes"],
+        PDL=pdl,
     )
     maxima_opts = dict(num_warps=cfg["maxima_warps"])
     return (
         Launch(_row_maxima_kernel, (bs, num_max // per_prog), maxima_args, maxima_opts),
-        Launch(_topk_kernel, (bs,), select_args, dict(num_warps=cfg["num_warps"], num_stages=1)),
+        Launch(
+            _topk_kernel, (bs,), select_args, dict(num_warps=cfg["num_warps"], num_stages=1, launch_pdl=pdl)
+        ),
     )
 
 
@@ -417,12 +433,12 @@ def compile_cases(arch):
     x, lens = torch.empty(32, 65536), torch.zeros(32, dtype=torch.int32)
     cases = []
     for tag, lengths in (("", None), ("_lengths", lens)):
-        maxima, select = plan_topk(x, 512, lengths)
-        cases.append(Case(f"topk_maxima{tag}", maxima, tensor_core=False, tma=False))
-        cases.append(Case(f"topk_select{tag}", select, tensor_core=False, tma=False))
+        maxima, select = plan_topk(x, 512, lengths, pdl=True)  # what a GPU runs (sm_90 and later)
+        cases.append(Case(f"topk_maxima{tag}", maxima, tensor_core=False, tma=False, pdl=True))
+        cases.append(Case(f"topk_select{tag}", select, tensor_core=False, tma=False, pdl=True))
     # the exact bound the sweep times (the interpreter does not hold constexprs to the rules)
-    _, select = plan_topk(x, 512, config=dict(bound_passes=0))
-    cases.append(Case("topk_select_exact_bound", select, tensor_core=False, tma=False))
+    _, select = plan_topk(x, 512, config=dict(bound_passes=0), pdl=True)
+    cases.append(Case("topk_select_exact_bound", select, tensor_core=False, tma=False, pdl=True))
     return cases
 
 

@@ -77,6 +77,15 @@ def test_tma_exactly_where_a_descriptor_is_used(reports):
             assert r["tma"] == 0, f"{key}: TMA where no descriptor is used"
 
 
+def test_programmatic_dependent_launch_exactly_where_asked(reports):
+    """The top-k's two kernels hand over with griddepcontrol (launch_dependents in the maxima
+    kernel, wait in the select one); no other kernel has it."""
+    asked = {key for key, r in reports.items() if r["expect_pdl"]}
+    assert {("topk_maxima", 90), ("topk_select", 100)} <= asked
+    for key, r in reports.items():
+        assert (r["griddepcontrol"] > 0) == r["expect_pdl"], f"{key}: {r['griddepcontrol']} griddepcontrol"
+
+
 def test_no_spills_and_shared_memory_within_the_target(reports):
     for key, r in reports.items():
         assert r["ptx_local"] == 0 and r["local_bytes"] == 0 and r["stack_bytes"] == 0, f"{key} spills: {r}"

@@ -169,3 +169,36 @@ def test_kernel_with_each_bound(passes):
         assert TC.check_rows(x, 64, lens, config=cfg) == 2, name
     x = TC.cases("cpu", width=65536, k=512, bs=1)[0][1]
     assert TC.check_rows(x, 512, config=cfg) == 1
+
+
+PDL_IN_A_GRAPH = """
+import sys, torch
+from kernels import topk as T
+pdl = int(sys.argv[1])
+x = torch.randn(32, 65536, device="cuda")
+x[3, 1000:] = float("-inf")  # a short row, and a padded one
+x[5] = float("-inf")
+want = T.ref_topk_indices(x, 512)
+out = torch.full((32, 512), -7, dtype=torch.int32, device="cuda")
+T.topk_indices_triton(x, 512, out=out, config=dict(pdl=pdl))  # compile outside the capture
+graph = torch.cuda.CUDAGraph()
+with torch.cuda.graph(graph):
+    T.topk_indices_triton(x, 512, out=out, config=dict(pdl=pdl))
+for _ in range(3):
+    out.fill_(-7)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, want), (out != want).sum()
+print("same")
+"""
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("pdl", [0, 1])
+def test_programmatic_launch_inside_a_graph_matches_torch(pdl):
+    """The select kernel launched as a programmatic dependent of the maxima kernel, captured in a
+    CUDA graph as the model replays it: the reference's indices, as without (compiled kernels, in
+    a process of its own)."""
+    r = run_without_interpreter(["-c", PDL_IN_A_GRAPH, str(pdl)], timeout=600)
+    assert r.returncode == 0 and "same" in r.stdout, r.stdout[-2000:] + r.stderr[-4000:]
