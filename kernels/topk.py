@@ -327,8 +327,10 @@ def _topk_kernel(
 # at c76d4cd the histogram bound in 2 passes and 4-bit radix passes took 37.7 us against 44.5 for
 # the exact bound and 8 bits, the sub-chunk maxima launch alone 5.1 us (the one-program-per-row
 # select is the rest); at 7cc72f5 blocks of 1024 entries over 8 warps took 29.3 us against 41.8 for
-# 4096 over 16 (the select is latency-bound: smaller blocks, cheaper block-wide scans). Every
-# config here must compile without spills (tests/test_kernel_compile.py).
+# 4096 over 16 (the select is latency-bound: smaller blocks, cheaper block-wide scans). At 07fb1c5
+# (clean L2 flush) the select launched as a programmatic dependent of the maxima kernel (pdl 1)
+# took 29.7 us against 30.0 without. Every config here must compile without spills
+# (tests/test_kernel_compile.py).
 TOPK_CONFIG = dict(
     block=1024, num_warps=8, radix_bits=4, bound_bits=2, bound_passes=2, maxima=4096, maxima_warps=4, pdl=1
 )

@@ -7,6 +7,8 @@ timing variants that each leave one cost out, as graph replays (kernels.harness.
                      the page table a permutation (the benchmark's) or 0, 1, 2, ...: address
                      translation and DRAM locality on scattered 8 KB pages
   the scales' load in the tile's iteration (scale_load "ptr") or a tile ahead ("prefetch")
+  batch 32 | 64 | 128, after each L2 flush (kernels.harness.FLUSHES), beside a copy of the same
+                     bytes: what each further 32 requests cost (the loop's rate) and what is fixed
 
   python scripts/gpu_fp8_probe.py            the table (stdout)
   python scripts/gpu_fp8_probe.py --once     one launch of each variant, for ncu to profile
@@ -16,7 +18,7 @@ import sys
 
 import torch
 
-from kernels.harness import copy_row, median_us
+from kernels.harness import FLUSHES, copy_row, median_us
 from kernels.logits import indexer_logits_fp8_
 from kernels.logits_bench import bench_inputs, logit_bytes
 from kernels.logits_configs import config_for
@@ -61,3 +63,21 @@ for heads in (64, 16):
             us = median_us(fn)
             frac = logit_bytes(BS, CTX, heads, DIM, True) / us * 1e-3 / copy["gbps"]
             print(f"| {name} {tuple(cfg)[:4]} | {heads} | {pages} | {us:.1f} | {frac:.3f} |")
+
+if not once:  # the loop's rate and the fixed part: each 32 more requests, against a copy's
+    print("\n| batch | flush | us | us per 32 more requests | copy of the same bytes, us |")
+    print("|---|---|---|---|---|")
+    last = {}
+    for bs in (32, 64, 128):
+        x = bench_inputs(bs, CTX, 64, DIM, "cuda")
+        nbytes = logit_bytes(bs, CTX, 64, DIM, True)
+        src = torch.zeros(nbytes // 8, device="cuda")  # the copy reads half and writes half
+        dst = torch.empty_like(src)
+        args = (x["q8"], x["w"], x["pages"], x["page_table"], x["seq_lens"], x["out"])
+        for flush in FLUSHES:
+            us = median_us(lambda args=args: indexer_logits_fp8_(*args), flush=flush)
+            copy_us = median_us(lambda src=src, dst=dst: torch.neg(src, out=dst), flush=flush)
+            more = "" if flush not in last else f"{(us - last[flush][1]) / ((bs - last[flush][0]) / 32):.1f}"
+            last[flush] = (bs, us)
+            print(f"| {bs} | {flush} | {us:.1f} | {more} | {copy_us:.1f} |")
+        del x, src, dst
