@@ -16,11 +16,11 @@ from nblib.core.results import commit
 FLUSH_BYTES = 256 << 20  # larger than any GPU's L2 (H200: 50 MB), as do_bench's own flush
 # How the L2 is emptied before each timed call. "dirty" is do_bench's flush, a zero_ of FLUSH_BYTES:
 # it leaves the L2 full of dirty lines, so the timed kernel's first reads also write back about
-# 50 MB of the flush's own data (on the H200: 6 us more for the fp8 logits kernel, 6 for the bf16
-# one, 3.5 for a copy of the same bytes; the bench table's us_dirty_l2 against us). "clean" then
-# reads the buffer once, so the write-back lands in the flush and the kernel starts on a cold,
-# clean L2, as a decode step's kernel does after kernels that wrote a few MB. Tables take "clean"
-# and record "dirty" beside it.
+# 50 MB of the flush's own data (on the H200: 6 us more for the fp8 and the bf16 logits kernels,
+# 3.3 for a copy of the same bytes; the bench table's us_dirty_l2 against us, and the fp8 probe's
+# batch table). "clean" then reads the buffer back, so the write-back lands in the flush and the
+# kernel starts on a cold, clean L2, as a decode step's kernel does after kernels that wrote a few
+# MB. Tables take "clean" and record "dirty" beside it.
 FLUSHES = ("clean", "dirty")
 _flush = {"default": "clean"}
 
