@@ -16,7 +16,7 @@ registers, 8 CTAs per SM.
 fp8 loads each tile's scales a tile ahead (scale_load "prefetch"): the pipeliner leaves that load in
 the iteration that uses it; ahead, the sweep at 7f3c9a9 read 79.4-80.7 us against 80.5-83.0 (a
 TMA box for the scales read 85-86, and left the space). Those figures are after do_bench's dirty
-L2 flush; since 4f5b6ef the tables time after a clean one (kernels.harness.FLUSHES), where the
+L2 flush; since a0bb8c1 the tables time after a clean one (kernels.harness.FLUSHES), where the
 same configs read bf16 134-135 us and fp8 73.7-74.0 (h200-85cce14, -4f5b6ef, -07fb1c5/sweep.md;
 fp8's 4 stages tie with 3 within 0.3 us in all three, so the entry keeps 3).
 
