@@ -1,6 +1,8 @@
 """What every kernel benchmark shares: timing, the copy-bandwidth yardstick, tables, and the
 record of what produced them (commit, device, versions), written atomically."""
 
+import contextlib
+import contextvars
 import json
 import os
 import statistics
@@ -22,22 +24,23 @@ FLUSH_BYTES = 256 << 20  # larger than any GPU's L2 (H200: 50 MB), as do_bench's
 # kernel starts on a cold, clean L2, as a decode step's kernel does after kernels that wrote a few
 # MB. Tables take "clean" and record "dirty" beside it.
 FLUSHES = ("clean", "dirty")
-_flush = {"default": "clean"}
+_FLUSH = contextvars.ContextVar("flush", default="clean")  # median_us's flush when it is given none
 
 
-class flushing:
+def _checked(flush):
+    if flush not in FLUSHES:
+        raise ValueError(f"flush {flush!r}: choose one of {', '.join(FLUSHES)}")
+    return flush
+
+
+@contextlib.contextmanager
+def flushing(flush):
     """with flushing("dirty"): median_us calls inside (that pass no flush) use that flush."""
-
-    def __init__(self, flush):
-        if flush not in FLUSHES:
-            raise ValueError(f"flush {flush!r}: choose one of {', '.join(FLUSHES)}")
-        self.flush = flush
-
-    def __enter__(self):
-        self.saved, _flush["default"] = _flush["default"], self.flush
-
-    def __exit__(self, *exc):
-        _flush["default"] = self.saved
+    token = _FLUSH.set(_checked(flush))
+    try:
+        yield
+    finally:
+        _FLUSH.reset(token)
 
 
 def median_us(fn, rep_ms=100, calls=10, replays=25, flush=None):
@@ -47,12 +50,11 @@ def median_us(fn, rep_ms=100, calls=10, replays=25, flush=None):
     work (argument checks, Triton's binder) outlasts do_bench's L2 flush on the GPU, the figure is
     the CPU's, and it moved 2x between runs on one H200. So: capture `calls` x (flush, fn) in one
     CUDA graph and the flushes alone in another, replay them in `replays` pairs, and take the median
-    of the pairs' differences per call. A graph replay launches from the GPU, as the decode step's graph does.
+    of the pairs' differences per call. A graph replay launches from the GPU, as the decode step's
+    graph does.
     flush: "clean" or "dirty" (FLUSHES; default: the enclosing flushing(), else "clean").
     fn must be capturable; one that is not (a host sync) falls back to do_bench (rep_ms)."""
-    flush = flush or _flush["default"]
-    if flush not in FLUSHES:
-        raise ValueError(f"flush {flush!r}: choose one of {', '.join(FLUSHES)}")
+    flush = _checked(flush or _FLUSH.get())
     if not torch.cuda.is_available():
         return triton.testing.do_bench(fn, rep=rep_ms, return_mode="median") * 1e3
     try:

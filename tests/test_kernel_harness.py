@@ -62,7 +62,7 @@ def test_bench_table_fills_fractions_of_the_copy_bandwidth(monkeypatch):
     from kernels import __main__ as cli
 
     def slower_if_dirty(us):  # what the fakes "measure": 10 % more after the dirty flush
-        return us * (1.1 if harness._flush["default"] == "dirty" else 1.0)
+        return us * (1.1 if harness._FLUSH.get() == "dirty" else 1.0)
 
     monkeypatch.setattr(
         cli,
@@ -85,12 +85,12 @@ def test_bench_table_fills_fractions_of_the_copy_bandwidth(monkeypatch):
     assert [r["frac_copy_bw"] for r in rows] == pytest.approx([1.0, 0.5, 0.5, 0.5, 1.0])
     assert [r["us_dirty_l2"] for r in rows] == pytest.approx([1100.0, 110.0, 110.0, 110.0, 55.0])
     assert [r["frac_copy_bw_dirty_l2"] for r in rows] == pytest.approx([1.0, 0.5, 0.5, 0.5, 1.0])
-    assert harness._flush["default"] == "clean"  # the dirty pass does not leak
+    assert harness._FLUSH.get() == "clean"  # the dirty pass does not leak
 
 
 def test_flushing_refuses_an_unknown_flush():
-    with pytest.raises(ValueError, match="choose one of clean, dirty"):
-        harness.flushing("warm")
+    with pytest.raises(ValueError, match="choose one of clean, dirty"), harness.flushing("warm"):
+        pass
     with pytest.raises(ValueError, match="choose one of clean, dirty"):
         harness.median_us(lambda: None, flush="warm")
 
