@@ -148,6 +148,8 @@ class DecodeModel:
         """What must exist before capturing `bucket`: the persistent logits buffer, if used."""
         if self.cfg.logits_policy == "persistent":
             self.buffers.reserve(self._logits_stream(), bucket, (bucket, self.cfg.max_ctx))
+        if self.gediff is not None:
+            self.gediff.prepare(bucket)  # a design whose stash is made before capture
 
     def _logits_stream(self):
         """The stream that uses the logits while capturing (the persistent buffer's owner)."""
@@ -162,7 +164,10 @@ class DecodeModel:
         self.store(store_slots, x @ self.w_idx_k, x @ self.w_kv)
         q = (x @ self.w_q).view(-1, cfg.heads, cfg.dim)
         head_w = (x @ self.w_head).float()
-        fork = cfg.overlap == "on" and dev.is_current_stream_capturing()
+        capturing = dev.is_current_stream_capturing()
+        if self.gediff is not None and capturing:
+            self.gediff.before_fork(q, head_w, page_table, seq_lens)  # on main, where they are made
+        fork = cfg.overlap == "on" and capturing
         if fork:
             main = dev.current_stream()
             self.side.wait_stream(main)
@@ -192,9 +197,15 @@ class DecodeModel:
         return t
 
     gediff = None  # the graph-vs-eager differential's hook (nblib.instruments.gediff), called while capturing
+    # A check of the instruments only, never of the bug: True adds one captured op that makes the
+    # graph's logits differ from what eager computes (+1 on every row's first entry), so a test or
+    # notebook 02 can prove that a differential design would report a divergence.
+    plant_divergence = False
 
     def indexer(self, q, head_w, page_table, seq_lens, logits):
         logits = self.index_logits(q, head_w, page_table, seq_lens, logits)
+        if self.plant_divergence and self.dev.is_current_stream_capturing():
+            logits[:, 0].add_(1.0)
         if self.gediff is not None and self.dev.is_current_stream_capturing():
             self.gediff(q, head_w, page_table, seq_lens, logits)  # its clones are captured too
         if self.cfg.topk_kernel == "triton":

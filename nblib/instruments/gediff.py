@@ -2,9 +2,10 @@
 inputs, replay after replay?
 
 While a bucket is captured, the model's indexer hands its inputs (q, head weights, page table,
-sequence lengths) and its logits, right before top-k, to this instrument, which clones them into a
-stash kept per bucket. The clones are ops like any other, so they are captured: at each replay they
-copy that replay's values into the stash. After the replay the same kernel is recomputed eagerly
+sequence lengths) and its logits, right before top-k, to this instrument, which stashes them per
+bucket. How it stashes is the design (DESIGNS): captured clones or copies into a buffer made before
+capture, on the side or the main stream, or references to the graph's own tensors. Clones and copies
+are ops like any other, so they are captured: at each replay they copy that replay's values. After the replay the same kernel is recomputed eagerly
 from the stashed inputs and compared with the stashed logits:
 
   max_abs      largest |graph - eager| over the live rows (-inf equal to -inf; NaN counts as inf)
@@ -31,13 +32,33 @@ from nblib.engine.runner import Runner
 
 INPUTS = ("q", "head_w", "page_table", "seq_lens")
 
+# The ways an engineer writes the stash, each with the same comparison after every replay:
+DESIGNS = {
+    "side_clone": "clones of the inputs and logits captured on the side stream right after the logits "
+    "(the campaign's placement): new graph-pool blocks, kept, and extra side-stream work",
+    "prealloc": "a stash allocated before capture, outside the graph pool, filled with copy_ on the side "
+    "stream: no new pool block, the same extra side-stream work",
+    "main_stash": "the inputs cloned on the main stream where they are made, before the fork; only the "
+    "logits cloned on the side stream: new pool blocks, less side-stream work",
+    "refs": "references to the graph's own tensors, no copy: no extra work, but the logits block stays "
+    "allocated after capture, so the allocator cannot hand it on",
+}
+
+
+def check_design(design):
+    if design not in DESIGNS:
+        raise ValueError(f"unknown differential design {design!r}: choose one of {', '.join(DESIGNS)}")
+    return design
+
 
 class GEDiff:
-    """An instrument for run_sessions (before, after) and the model's capture hook (__call__)."""
+    """An instrument for run_sessions (before, after) and the model's capture hooks (prepare before
+    capture, before_fork on the main stream, __call__ on the logits' stream)."""
 
-    def __init__(self, model, log=None):
+    def __init__(self, model, log=None, design="side_clone"):
         if model.gediff is not None:
             raise ValueError("this model already has a differential attached")
+        self.design = check_design(design)
         self.model = model
         self.stash = {}  # bucket -> {q, head_w, page_table, seq_lens, logits}
         self.records = []
@@ -49,24 +70,61 @@ class GEDiff:
         if self.model.gediff is self:
             self.model.gediff = None
 
-    # -- inside capture: the model's hook --------------------------------------------------------
-    def __call__(self, q, head_w, page_table, seq_lens, logits):
+    # -- before capture: the prealloc design's stash --------------------------------------------
+    def prepare(self, bucket):
+        """prealloc: the bucket's stash, allocated now, outside any graph pool (outside capture)."""
+        if self.design != "prealloc" or bucket in self.stash:
+            return
+        cfg, d = self.model.cfg, self.model.dev.torch_device
+        self.stash[bucket] = dict(
+            q=torch.empty(bucket, cfg.heads, cfg.dim, dtype=torch.bfloat16, device=d),
+            head_w=torch.empty(bucket, cfg.heads, dtype=torch.float32, device=d),
+            page_table=torch.empty(bucket, cfg.max_ctx // kx.PAGE, dtype=torch.int32, device=d),
+            seq_lens=torch.empty(bucket, dtype=torch.int32, device=d),
+            logits=torch.empty(bucket, cfg.max_ctx, dtype=torch.float32, device=d),
+        )
+
+    # -- inside capture: the model's hooks -------------------------------------------------------
+    def _bucket(self):
         b = self.model.bucket
         if b is None:
             raise RuntimeError(
                 "the differential's hook ran while capturing without a bucket: "
                 "capture through nblib.engine.runner.Runner (it sets model.bucket)"
             )
-        s = dict(
-            q=q.clone(),
-            head_w=head_w.clone(),
-            page_table=page_table.clone(),
-            seq_lens=seq_lens.clone(),
-            logits=logits.clone(),
-        )
-        for name, t in s.items():
+        return b
+
+    def _clone(self, tensors):
+        out = {name: t.clone() for name, t in tensors.items()}
+        for name, t in out.items():
             self.model.note(f"gediff.{name}", t)
-        self.stash[b] = s
+        return out
+
+    def before_fork(self, q, head_w, page_table, seq_lens):
+        """On the main stream, before the indexer forks: main_stash clones its inputs here."""
+        if self.design == "main_stash":
+            inputs = dict(q=q, head_w=head_w, page_table=page_table, seq_lens=seq_lens)
+            self.stash[self._bucket()] = self._clone(inputs)
+
+    def __call__(self, q, head_w, page_table, seq_lens, logits):
+        """On the logits' stream, right after the logits kernel."""
+        b = self._bucket()
+        now = dict(q=q, head_w=head_w, page_table=page_table, seq_lens=seq_lens, logits=logits)
+        if self.design == "side_clone":
+            self.stash[b] = self._clone(now)
+        elif self.design == "main_stash":
+            self.stash[b].update(self._clone(dict(logits=logits)))
+        elif self.design == "refs":
+            self.stash[b] = now  # the graph's own tensors: kept alive, never copied
+        else:  # prealloc
+            kept = self.stash[b]
+            for name, t in now.items():
+                if kept[name].shape != t.shape or kept[name].dtype != t.dtype:
+                    raise RuntimeError(
+                        f"prealloc stash for bucket {b}: {name} is {tuple(t.shape)} {t.dtype} in the "
+                        f"graph, {tuple(kept[name].shape)} {kept[name].dtype} in the stash"
+                    )
+                kept[name].copy_(t)
 
     def lookup(self, bucket):
         if bucket not in self.stash:

@@ -1,0 +1,336 @@
+"""The graph-vs-eager differential in several designs, each measured on the campaign's protocol.
+
+The campaign turned its differential on and the corruption nearly vanished, with zero divergence in
+every comparison; it could only ask "layout or timing?". Here each arm runs the same protocol (the
+same seeds, so the same sessions and replay-timing draws) and records, on the captures it ran:
+
+  the rate      sessions corrupted, Wilson interval, Fisher's p against the arm without instrument
+  what it saw   comparisons and divergences (a differential), after every replay
+  layout        the capture audit's hazards and aliasing pairs per bucket: which blocks the
+                allocator handed on, so what can race at all (an instrument that allocates or keeps
+                blocks in the graph pool changes this)
+  timing        the side branch (indexer, the instrument's side-stream work, top-k) and the main
+                branch (the instrument's main-stream work, trunk, MLP), each captured alone and timed
+                on a full batch: the race's window is how long the side branch still reads after the
+                main branch starts writing
+  planted       one capture with a planted divergence (model.plant_divergence): does the design see it
+
+Arms: "off" (no instrument), "canary" (the campaign's baseline ran with it: eager checksums around
+each replay, nothing captured), and the differential's DESIGNS.
+
+    result = designs.compare(dev, shapes, buckets, workload, seeds)
+    result.arms, designs.explain(result)
+"""
+
+import statistics
+
+from pydantic import BaseModel
+
+from nblib.core import stats
+from nblib.engine import build
+from nblib.engine.runner import Runner
+from nblib.instruments import audit
+from nblib.instruments.canary import Canary
+from nblib.instruments.gediff import DESIGNS, GEDiff
+from nblib.instruments.overhead import timed, timer
+from nblib.studies import protocol
+
+ARMS = ("off", "canary", *DESIGNS)
+ARM_NOTES = {
+    "off": "no instrument",
+    "canary": "the canary alone: eager checksums of the index-K pages around each replay",
+    **DESIGNS,
+}
+
+
+def check_arms(arms):
+    bad = [a for a in arms if a not in ARMS]
+    if bad or "off" not in arms:
+        raise ValueError(f"arms must include 'off' and come from {', '.join(ARMS)}; got {list(arms)}")
+    return list(arms)
+
+
+class Mechanism(BaseModel):
+    """One bucket of one arm's captures: the audit's hazards and aliasing pairs, and each branch
+    timed alone (ms; `method` says how)."""
+
+    bucket: int
+    hazards: int
+    pairs: list[str]
+    side_ms: float
+    main_ms: float
+
+
+class Arm(BaseModel):
+    design: str
+    description: str
+    sessions: int
+    corrupted_sessions: int
+    rate: float
+    lo: float
+    hi: float
+    fisher_p: float | None  # against "off"; None for "off" itself
+    runs: list[int]  # corrupted sessions per run
+    dispersion_p: float
+    steps: int
+    corrupted_steps: int
+    comparisons: int
+    diverged: int
+    max_abs: float
+    planted_caught: bool | None  # None: not a differential
+    hazards: int  # summed over buckets
+    pairs: int  # aliasing pairs summed over buckets
+    side_ms: dict[int, float]
+    main_ms: dict[int, float]
+    buckets: list[Mechanism]
+
+
+class Designs(BaseModel):
+    arms: list[Arm]
+    seeds: list[int]
+    method: str  # how the branches were timed
+
+    def arm(self, name):
+        return next(a for a in self.arms if a.design == name)
+
+
+def _pairs(report, bucket):
+    rows = [h.row() for h in report.by("bucket").get(bucket, [])]
+    return sorted({f"{r['first_tensor']} / {r['second_tensor']}" for r in rows})
+
+
+def _graph_ms(dev, fn, replays, warmup):
+    """fn captured alone in a graph of its own pool, replayed: median ms and the method."""
+    method, measure = timer(dev)
+    g = dev.CUDAGraph()
+    with dev.graph(g, pool=dev.graph_pool_handle()):
+        fn()
+    if hasattr(g, "expected_seconds"):  # the simulator: its calibrated timing model, without jitter
+        return 1e3 * g.expected_seconds(), "simulated (the calibrated timing model, without jitter)"
+    return statistics.median(timed(measure, g.replay, replays, warmup)), method
+
+
+def branch_ms(dev, m, bucket, replays=20, warmup=3, seed=0):
+    """The side branch (indexer with the instrument's hook, top-k) and the main branch (the
+    instrument's main-stream hook, trunk, MLP), each alone on a full batch of `bucket` requests."""
+    tokens, table, lens, _ = build.full_batch(m, bucket, seed)
+    x = m.embed[tokens]
+    q = (x @ m.w_q).view(-1, m.cfg.heads, m.cfg.dim)
+    w = (x @ m.w_head).float()
+
+    def main():
+        if m.gediff is not None:
+            m.gediff.before_fork(q, w, table, lens)
+        m.main_branch(x)
+
+    m.bucket = bucket
+    try:
+        main_ms, method = _graph_ms(dev, main, replays, warmup)
+        side_ms, _ = _graph_ms(dev, lambda: m.indexer(q, w, table, lens, None), replays, warmup)
+    finally:
+        m.bucket = None
+    return side_ms, main_ms, method
+
+
+def planted_caught(dev, shapes, knobs, design, bucket, seed=0):
+    """Capture `bucket` with a planted divergence (model.plant_divergence) and this design attached,
+    replay one full batch: does the comparison report it?"""
+    m = build.model(dev, shapes, **knobs)
+    m.plant_divergence = True
+    gd = GEDiff(m, design=design)
+    runner = Runner(m, [bucket]).capture()
+    batch = build.full_batch(m, bucket, seed, ctx=min(m.cfg.max_ctx // 4, 4 * m.cfg.topk))
+    runner.run(*batch)
+    return bool(gd.compare(bucket, rows=bucket)["diverged"])
+
+
+def _instruments(arm, m, gd):
+    if arm == "canary":
+        return lambda seed: [Canary(m, seed=seed)]
+    if gd is not None:
+        return lambda seed: [gd]
+    return None
+
+
+def _mechanisms(dev, m, report, buckets, replays, seed):
+    out, method = [], ""
+    for b in sorted(buckets):
+        side, main, method = branch_ms(dev, m, b, replays, seed=seed)
+        out.append(
+            Mechanism(
+                bucket=b,
+                hazards=len(report.by("bucket").get(b, [])),
+                pairs=_pairs(report, b),
+                side_ms=side,
+                main_ms=main,
+            )
+        )
+    return out, method
+
+
+def run_arm(dev, shapes, buckets, workload, arm, seeds, knobs, replays=20, progress=print):
+    """One arm: capture every bucket once under the audit, run the protocol on those graphs, then
+    measure the branches. Returns (protocol.Protocol, differential or None, mechanisms, method)."""
+    m = build.model(dev, shapes, **knobs)
+    gd = GEDiff(m, design=arm) if arm in DESIGNS else None
+    with audit.recording(dev) as rec:
+        runner = Runner(m, buckets).capture(record=rec)
+    report = rec.report(names=m.captures)
+    proto = protocol.run(runner, workload, seeds, _instruments(arm, m, gd), progress, label=f"{arm}: ")
+    mech, method = _mechanisms(dev, m, report, buckets, replays, seeds[0])
+    return proto, gd, mech, method
+
+
+def _arm(name, proto, gd, mech, off, planted):
+    p = proto.pooled
+    summary = gd.summary() if gd is not None else dict(comparisons=0, diverged=0, max_abs=0.0)
+    return Arm(
+        design=name,
+        description=ARM_NOTES[name],
+        sessions=p.sessions,
+        corrupted_sessions=p.corrupted_sessions,
+        rate=p.rate,
+        lo=p.lo,
+        hi=p.hi,
+        fisher_p=None
+        if off is None
+        else stats.fisher(off.corrupted_sessions, off.sessions, p.corrupted_sessions, p.sessions)["p"],
+        runs=[r.corrupted_sessions for r in proto.runs],
+        dispersion_p=proto.dispersion_p,
+        steps=proto.steps,
+        corrupted_steps=proto.corrupted_steps,
+        comparisons=summary["comparisons"],
+        diverged=summary["diverged"],
+        max_abs=summary["max_abs"],
+        planted_caught=planted,
+        hazards=sum(x.hazards for x in mech),
+        pairs=sum(len(x.pairs) for x in mech),
+        side_ms={x.bucket: x.side_ms for x in mech},
+        main_ms={x.bucket: x.main_ms for x in mech},
+        buckets=mech,
+    )
+
+
+def compare(dev, shapes, buckets, workload, seeds, arms=ARMS, knobs=None, replays=20, progress=print):
+    """Every arm on the protocol; the differential designs also get the planted check (at the
+    largest bucket). knobs: index_dtype, overlap, logits_policy (default bf16, on, transient)."""
+    arms = check_arms(arms)
+    knobs = dict(dict(index_dtype="bf16", overlap="on", logits_policy="transient"), **(knobs or {}))
+    out, off, method = [], None, ""
+    for name in ["off"] + [a for a in arms if a != "off"]:
+        proto, gd, mech, method = run_arm(dev, shapes, buckets, workload, name, seeds, knobs, replays, progress)
+        planted = planted_caught(dev, shapes, knobs, name, max(buckets)) if name in DESIGNS else None
+        arm = _arm(name, proto, gd, mech, off, planted)
+        off = off or arm
+        out.append(arm)
+        if progress:
+            progress(
+                f"{name}: {stats.fmt_rate(arm.corrupted_sessions, arm.sessions)}"
+                + (f", Fisher p {arm.fisher_p:.2g}" if arm.fisher_p is not None else "")
+                + (f", {arm.diverged}/{arm.comparisons} diverged" if name in DESIGNS else "")
+            )
+    return Designs(arms=out, seeds=list(seeds), method=method)
+
+
+class Finding(BaseModel):
+    """What one arm did to the rate, and the measured evidence for why."""
+
+    design: str
+    effect: str  # raises | lowers | unchanged (Fisher's p against off, at alpha)
+    layout: str
+    timing: str
+    why: str
+
+
+class Explanation(BaseModel):
+    findings: list[Finding]
+    signature: list[str]  # designs that reproduce the campaign's signature: rate falls, zero divergence
+    recommended: str | None  # a design that leaves the rate unchanged and catches a planted divergence
+    text: str
+
+
+def _racy(off):
+    """The buckets where the arm without instrument has aliasing pairs: where the race can happen."""
+    return [x.bucket for x in off.buckets if x.pairs] or [x.bucket for x in off.buckets]
+
+
+def _layout(arm, off):
+    moved = [b.bucket for b, o in zip(arm.buckets, off.buckets) if b.pairs != o.pairs]
+    if not moved:
+        return f"the same aliasing pairs as off in every bucket ({arm.pairs})", 0
+    return (
+        f"aliasing pairs {off.pairs} -> {arm.pairs} (changed in buckets {moved}); "
+        f"hazards {off.hazards} -> {arm.hazards}",
+        arm.pairs - off.pairs or (1 if arm.hazards > off.hazards else -1),
+    )
+
+
+def _timing(arm, off, racy):
+    ds = [1e3 * (arm.side_ms[b] - off.side_ms[b]) for b in racy]
+    dm = [1e3 * (arm.main_ms[b] - off.main_ms[b]) for b in racy]
+    side, main = statistics.mean(ds), statistics.mean(dm)
+    base = statistics.mean(1e3 * off.side_ms[b] for b in racy)
+    text = (
+        f"side branch {side:+.1f} us ({100 * side / base:+.1f} %), main branch {main:+.1f} us, "
+        f"mean over buckets {racy}"
+    )
+    return text, side - main  # > 0: the side branch gained on the main branch (a wider window)
+
+
+def _finding(arm, off, racy, alpha):
+    effect = "unchanged"
+    if arm.fisher_p is not None and arm.fisher_p < alpha:
+        effect = "raises" if arm.rate > off.rate else "lowers"
+    layout, dl = _layout(arm, off)
+    timing, dt = _timing(arm, off, racy)
+    if effect == "unchanged":
+        why = "no change detected in the rate"
+    elif dl < 0 and effect == "lowers":
+        why = "layout and lifetime: fewer blocks handed on across streams, so fewer pairs can race"
+    elif dl > 0 and effect == "raises":
+        why = "layout: more blocks handed on across streams, so more pairs can race"
+    elif (dt > 0) == (effect == "raises") and dt != 0:
+        why = (
+            "timing: its work moves the side branch's end against the main branch's "
+            + ("(a wider window)" if dt > 0 else "(a narrower window)")
+            + ", with the same blocks aliasing"
+        )
+    else:
+        why = "neither the aliasing pairs nor the branch times measured here account for it"
+    return Finding(design=arm.design, effect=effect, layout=layout, timing=timing, why=why)
+
+
+def explain(result: Designs, alpha=0.05):
+    """Per arm: the effect on the rate and the evidence; the designs that reproduce the campaign's
+    signature (the rate falls and no comparison diverges); the design to recommend (the rate
+    unchanged, a planted divergence caught; the smallest side-branch cost among those)."""
+    off = result.arm("off")
+    racy = _racy(off)
+    findings = [_finding(a, off, racy, alpha) for a in result.arms if a.design != "off"]
+    by = {f.design: f for f in findings}
+    diffs = [a for a in result.arms if a.design in DESIGNS]
+    signature = [a.design for a in diffs if by[a.design].effect == "lowers" and a.diverged == 0]
+    fine = [a for a in diffs if by[a.design].effect == "unchanged" and a.planted_caught]
+    best = min(fine, key=lambda a: statistics.mean(a.side_ms[b] for b in racy), default=None)
+    lines = [
+        f"{f.design}: {f.effect} the rate "
+        f"({stats.fmt_rate(result.arm(f.design).corrupted_sessions, result.arm(f.design).sessions)} "
+        f"against {stats.fmt_rate(off.corrupted_sessions, off.sessions)} off, "
+        f"Fisher p = {result.arm(f.design).fisher_p:.2g}). Layout: {f.layout}. Timing: {f.timing}. "
+        f"Why: {f.why}."
+        for f in findings
+    ]
+    lines.append(
+        "The campaign's signature (the rate falls, zero divergence): "
+        + (", ".join(signature) if signature else "no design here")
+        + ". Recommended: "
+        + (
+            f"{best.design} (the rate unchanged, a planted divergence caught)"
+            if best
+            else "none: no design both left the rate unchanged and caught the planted divergence"
+        )
+        + "."
+    )
+    return Explanation(
+        findings=findings, signature=signature, recommended=best.design if best else None, text="\n".join(lines)
+    )

@@ -1,0 +1,183 @@
+"""The campaign's protocol: N sessions x R rounds decoding together, every step counted.
+
+The production campaign ran its 40 agentic sessions x 3 rounds all at once and counted the sessions
+that came back corrupted, run after run. Here, as there: every session starts together (up to the
+largest captured bucket, the engine's batch limit), the batch shrinks and grows as sessions think
+(tool calls) and return, each step is replayed in the smallest captured bucket that holds it (the
+engine's padding), and every step of the run is compared with the eager reference. The session rate
+is the run's, whatever buckets its steps landed in.
+
+Several runs (seeds: a new workload and a new replay-timing draw each) give each run's rate, the
+pooled rate with its Wilson interval, and a test of the run-to-run spread: Pearson's chi-square of
+homogeneity over the runs' corrupted/clean sessions (scipy.stats.chi2_contingency), which is the
+binomial dispersion test. A small p says the runs differ more than a binomial at the pooled rate
+would: over-dispersion, as when a few steps corrupt many sessions at once.
+
+    proto = protocol.run(runner, workload, seeds=protocol.seeds(0, 5))
+    proto.pooled.rate, proto.dispersion_p
+"""
+
+from collections.abc import Callable
+
+from pydantic import BaseModel
+from scipy.stats import chi2_contingency
+
+from nblib.core import stats
+from nblib.engine.workload import WorkloadConfig, run_sessions
+
+
+class BucketSteps(BaseModel):
+    """The steps of one run that one bucket's graph replayed, and how many of them corrupted."""
+
+    bucket: int
+    steps: int
+    corrupted_steps: int
+
+
+class ProtocolRun(BaseModel):
+    """One run of the protocol. rows: the (step, session) pairs decoded; corrupted_rows: those that
+    diverged; rows_per_corrupted_step: how many sessions one corrupted step hit, on average."""
+
+    seed: int
+    sessions: int
+    corrupted_sessions: int
+    steps: int
+    corrupted_steps: int
+    rows: int
+    corrupted_rows: int
+    rows_per_corrupted_step: float | None
+    concurrency: int
+    buckets: list[BucketSteps]
+
+    @property
+    def rate(self):
+        return self.corrupted_sessions / self.sessions if self.sessions else 0.0
+
+
+class Pooled(BaseModel):
+    """Sessions pooled over the runs, with the Wilson 95% interval."""
+
+    corrupted_sessions: int
+    sessions: int
+    rate: float
+    lo: float
+    hi: float
+
+
+class Protocol(BaseModel):
+    """Every run, the pooled rate, and the dispersion test's p-value (1.0 when it cannot reject:
+    every run clean, every run fully corrupted, or a single run)."""
+
+    runs: list[ProtocolRun]
+    pooled: Pooled
+    dispersion_p: float
+    steps: int
+    corrupted_steps: int
+
+
+def seeds(base, n):
+    """n run seeds from `base`: each is the workload's seed and the replay-timing seed of one run."""
+    if n < 1:
+        raise ValueError(f"the protocol needs at least one run, got {n}")
+    return [base + i for i in range(n)]
+
+
+def concurrency(workload, buckets):
+    """Every session decodes together, up to the largest captured bucket (the engine's batch limit)."""
+    return min(workload["sessions"], max(buckets))
+
+
+def _one(runner, workload, seed, instruments):
+    runner.dev.manual_seed(seed)
+    w = WorkloadConfig(**{**workload, "seed": seed, "concurrency": concurrency(workload, runner.buckets)})
+    r = run_sessions(runner, w, instruments)
+    log = r["step_log"]
+    bad_steps = [st for st in log if st["bad_rows"]]
+    per_bucket = [
+        BucketSteps(
+            bucket=b,
+            steps=sum(1 for st in log if st["bucket"] == b),
+            corrupted_steps=sum(1 for st in bad_steps if st["bucket"] == b),
+        )
+        for b in sorted({st["bucket"] for st in log})
+    ]
+    bad_rows = sum(st["bad_rows"] for st in log)
+    return ProtocolRun(
+        seed=seed,
+        sessions=r["sessions"],
+        corrupted_sessions=r["corrupted_sessions"],
+        steps=r["steps"],
+        corrupted_steps=r["corrupted_steps"],
+        rows=sum(st["bs"] for st in log),
+        corrupted_rows=bad_rows,
+        rows_per_corrupted_step=bad_rows / len(bad_steps) if bad_steps else None,
+        concurrency=w.concurrency,
+        buckets=per_bucket,
+    )
+
+
+def dispersion_p(runs):
+    """Pearson's chi-square test that every run shares one corruption rate (the binomial dispersion
+    test); 1.0 where there is no spread to test."""
+    table = [[r.corrupted_sessions, r.sessions - r.corrupted_sessions] for r in runs]
+    k = sum(row[0] for row in table)
+    n = sum(sum(row) for row in table)
+    if len(runs) < 2 or k == 0 or k == n:
+        return 1.0
+    return float(chi2_contingency(table, correction=False).pvalue)
+
+
+def pool(runs):
+    k, n = sum(r.corrupted_sessions for r in runs), sum(r.sessions for r in runs)
+    rate = stats.rate(k, n)
+    return Pooled(corrupted_sessions=k, sessions=n, rate=rate["rate"] if n else 0.0, lo=rate["lo"], hi=rate["hi"])
+
+
+def summarise(runs):
+    return Protocol(
+        runs=runs,
+        pooled=pool(runs),
+        dispersion_p=dispersion_p(runs),
+        steps=sum(r.steps for r in runs),
+        corrupted_steps=sum(r.corrupted_steps for r in runs),
+    )
+
+
+def run(
+    runner,
+    workload,
+    seeds,
+    instruments: Callable[[int], list] | None = None,
+    progress=print,
+    label="",
+):
+    """The protocol on `runner` (captured once), one run per seed. instruments(seed) gives the
+    instruments of one run (fresh each run, so their records are that run's)."""
+    runs = []
+    for s in seeds:
+        r = _one(runner, workload, s, instruments(s) if instruments else ())
+        runs.append(r)
+        if progress:
+            progress(
+                f"{label}protocol seed {s}: {r.corrupted_sessions}/{r.sessions} sessions, "
+                f"{r.corrupted_steps}/{r.steps} steps"
+            )
+    return summarise(runs)
+
+
+def describe(p: Protocol):
+    """One sentence: the runs, the pooled rate and what the spread says."""
+    each = ", ".join(f"{r.corrupted_sessions}/{r.sessions}" for r in p.runs)
+    rows = [r.rows_per_corrupted_step for r in p.runs if r.rows_per_corrupted_step is not None]
+    per_step = f"; a corrupted step hit {sum(rows) / len(rows):.1f} sessions on average" if rows else ""
+    spread = (
+        "more than a binomial at the pooled rate gives (over-dispersed"
+        if p.dispersion_p < 0.05
+        else "what a binomial at the pooled rate gives (no over-dispersion detected"
+    )
+    return (
+        f"{len(p.runs)} runs: {each} sessions corrupted; pooled "
+        f"{stats.fmt_rate(p.pooled.corrupted_sessions, p.pooled.sessions)}, "
+        f"{p.corrupted_steps}/{p.steps} steps{per_step}. The run-to-run spread is {spread}, "
+        f"chi-square p = {p.dispersion_p:.2g})."
+    )
