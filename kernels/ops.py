@@ -7,12 +7,22 @@ import torch
 from kernels.logits import (
     _check_bf16_args,
     _check_fp8_args,
+    _live_len,
     indexer_logits_bf16_,
     indexer_logits_fp8_,
     ref_logits_bf16,
     ref_logits_fp8,
 )
 from kernels.topk import ref_topk_indices, topk_indices_triton
+
+
+def _into(out, seq_lens, ref):
+    """The reference's live columns written into out, -inf after them: no [bs, max_len] temporary
+    (the engine's max_len is sized for its longest request, often far beyond a batch's)."""
+    n = _live_len(seq_lens, out.shape[1])
+    out[:, :n].copy_(ref(n))
+    out[:, n:].fill_(float("-inf"))
+
 
 # ---------------------------------------------------------------------------
 # Torch custom ops: CUDA -> Triton, CPU -> reference, fake -> nothing
@@ -30,7 +40,7 @@ def _indexer_logits_bf16_op(
     per_request: int = 0,
 ) -> None:
     _check_bf16_args(q, w, kcache, page_table, seq_lens, out)
-    out.copy_(ref_logits_bf16(q, w, kcache, page_table, seq_lens, out.shape[1]))
+    _into(out, seq_lens, lambda n: ref_logits_bf16(q, w, kcache, page_table, seq_lens, n))
 
 
 @_indexer_logits_bf16_op.register_kernel("cuda")
@@ -54,7 +64,7 @@ def _indexer_logits_fp8_op(
     per_request: int = 0,
 ) -> None:
     _check_fp8_args(q, w, pages, page_table, seq_lens, out)
-    out.copy_(ref_logits_fp8(q, w, pages, page_table, seq_lens, out.shape[1]))
+    _into(out, seq_lens, lambda n: ref_logits_fp8(q, w, pages, page_table, seq_lens, n))
 
 
 @_indexer_logits_fp8_op.register_kernel("cuda")

@@ -65,9 +65,8 @@ def main():
     result["variants"] = [probe(dev, profile, v, a.runs) for v in a.variants]
     if a.designs:
         t0 = time.perf_counter()
-        r = designs.compare(
-            dev, profile["model"], profile["buckets"], profile["workload"], protocol.seeds(profile["seed"], a.runs)
-        )
+        seeds = protocol.seeds(profile["seed"], a.runs)
+        r = designs.compare(dev, profile["model"], profile["buckets"], profile["workload"], seeds)
         result["designs"] = r.model_dump()
         result["designs_seconds"] = round(time.perf_counter() - t0, 1)
         result["explanation"] = designs.explain(r).text
@@ -76,10 +75,10 @@ def main():
     lines = [f"# Protocol probe at {result['commit']}, {result['device']}, {a.params}", ""]
     for v in result["variants"]:
         each = ", ".join(f"{r['corrupted_sessions']}/{r['sessions']}" for r in v["runs"])
-        pooled = v["pooled"]
+        p = v["pooled"]
         lines.append(
-            f"- {v['variant']}: runs {each}; pooled {pooled['corrupted_sessions']}/{pooled['sessions']} "
-            f"[{100 * pooled['lo']:.1f}%, {100 * pooled['hi']:.1f}%]; steps {v['corrupted_steps']}/{v['steps']}; "
+            f"- {v['variant']}: runs {each}; pooled {p['corrupted_sessions']}/{p['sessions']} "
+            f"[{100 * p['lo']:.1f}%, {100 * p['hi']:.1f}%]; steps {v['corrupted_steps']}/{v['steps']}; "
             f"dispersion p {v['dispersion_p']:.2g} ({v['seconds']} s)"
         )
     if a.designs:

@@ -5,8 +5,9 @@ While a bucket is captured, the model's indexer hands its inputs (q, head weight
 sequence lengths) and its logits, right before top-k, to this instrument, which stashes them per
 bucket. How it stashes is the design (DESIGNS): captured clones or copies into a buffer made before
 capture, on the side or the main stream, or references to the graph's own tensors. Clones and copies
-are ops like any other, so they are captured: at each replay they copy that replay's values. After the replay the same kernel is recomputed eagerly
-from the stashed inputs and compared with the stashed logits:
+are ops like any other, so they are captured: at each replay they copy that replay's values. After
+the replay the same kernel is recomputed eagerly from the stashed inputs and compared with the
+stashed logits:
 
   max_abs      largest |graph - eager| over the live rows (-inf equal to -inf; NaN counts as inf)
   argmax       rows whose argmax differs
@@ -17,9 +18,10 @@ from the stashed inputs and compared with the stashed logits:
     run_sessions(runner, w, instruments=[gd])
     gd.table()
 
-Caution, as the campaign learned: the stash is memory the capture allocates and keeps, in the same
-graph pool as everything else, so turning the differential on changes the pool's layout. Measure
-the corruption rate with it on and off (notebook 02) before trusting a clean differential.
+Caution, as the campaign learned: a stash is memory and work inside the capture. Clones allocate and
+keep graph-pool blocks, references keep the graph's own blocks alive, copies and clones on the side
+stream lengthen the side branch; each can move the bug it watches. Notebook 02 measures each design's
+rate against no instrument (nblib.studies.designs) before a clean differential is trusted.
 """
 
 import torch

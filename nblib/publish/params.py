@@ -120,6 +120,9 @@ class Profile(BaseModel):
         "transient", description=" | ".join(LOGITS_POLICIES) + ": the indexer's logits buffer"
     )
     seed: int = Field(0, description="workload and replay-timing seed")
+    protocol_runs: Annotated[int, Field(ge=2)] = Field(
+        5, description="runs (seeds) of the campaign's protocol per configuration"
+    )
     replays: Positive = Field(50, description="timed replays per instrument for the overhead")
     fix_target: float = Field(
         0.05, gt=0, lt=1, description="the fix's 95% upper bound on its rate must fall below this"
@@ -133,9 +136,9 @@ NOT_IN_PROFILES = ("output_dir", "INTERACTIVE")  # notebook-only: `--out` sets o
 _RUN = ("backend", "model", "buckets", "workload", "seed")
 _NB = ("output_dir", "INTERACTIVE")
 DECLARES = {
-    "00_reproduce": (*_RUN, "index_dtypes", "modes", "overlaps", "logits_policy", *_NB),
+    "00_reproduce": (*_RUN, "index_dtypes", "modes", "overlaps", "logits_policy", "protocol_runs", *_NB),
     "01_canary": (*_RUN, "overlaps", "logits_policy", *_NB),
-    "02_graph_vs_eager": (*_RUN, "logits_policy", "replays", *_NB),
+    "02_graph_vs_eager": (*_RUN, "logits_policy", "protocol_runs", "replays", *_NB),
     "03_stream_overlap": (*_RUN, "index_dtypes", "overlaps", "logits_policy", *_NB),
     "04_persistent_buffer_fix": (*_RUN, "index_dtypes", "fix_target", "timing_replays", *_NB),
     "05_report": ("backend", *_NB),

@@ -119,3 +119,60 @@ def race_window(steps, index_dtype="bf16"):
     ax.legend(loc="upper left", fontsize=8)
     fig.tight_layout()
     return fig
+
+
+def protocol_runs(proto, title="the campaign's protocol"):
+    """One bar per run (its share of sessions corrupted, k/n above it), the pooled rate as a line
+    with its Wilson 95% band: whether the runs agree is visible at a glance."""
+    runs = proto["runs"]
+    pooled = proto["pooled"]
+    fig, ax = plt.subplots(figsize=(1.0 * len(runs) + 3.5, 3.4))
+    xs = range(len(runs))
+    rates = [r["corrupted_sessions"] / r["sessions"] if r["sessions"] else 0.0 for r in runs]
+    ax.axhspan(pooled["lo"], pooled["hi"], color="tab:orange", alpha=0.18, label="pooled, Wilson 95%")
+    ax.axhline(pooled["rate"], color="tab:orange", linewidth=1.5)
+    ax.bar(xs, rates, color="tab:red", width=0.6, label="one run")
+    for x, r, v in zip(xs, runs, rates):
+        ax.text(
+            x, v + 0.01, f"{r['corrupted_sessions']}/{r['sessions']}", ha="center", va="bottom", fontsize=8
+        )
+    ax.set_xticks(list(xs), [f"seed {r['seed']}" for r in runs])
+    top = max([*rates, pooled["hi"]])
+    ax.set_ylim(0, min(1.0, top * 1.3 + 0.05))
+    ax.set_ylabel("sessions corrupted")
+    ax.set_title(f"{title}: dispersion p = {proto['dispersion_p']:.2g}", fontsize=10)
+    ax.legend(loc="upper right", fontsize=8, frameon=False)
+    fig.tight_layout()
+    return fig
+
+
+def design_rates(arms, findings=None):
+    """The corruption rate per arm with its Wilson interval (off first), each labelled with what
+    the differential saw and, from findings, the effect and why."""
+    why = {f["design"]: f for f in findings or []}
+    names = [a["design"] for a in arms]
+    fig, ax = plt.subplots(figsize=(9, 0.62 * len(arms) + 1.4))
+    ys = list(range(len(arms)))[::-1]
+    for y, a in zip(ys, arms):
+        colour = {"raises": "tab:red", "lowers": "tab:blue"}.get(
+            why.get(a["design"], {}).get("effect"), "dimgray"
+        )
+        ax.errorbar(
+            a["rate"],
+            y,
+            xerr=[[a["rate"] - a["lo"]], [a["hi"] - a["rate"]]],
+            fmt="o",
+            color=colour,
+            capsize=3,
+        )
+        seen = f", diverged {a['diverged']}/{a['comparisons']}" if a["comparisons"] else ""
+        label = f"{a['corrupted_sessions']}/{a['sessions']}{seen}"
+        if a["design"] in why:
+            label += f"  ({why[a['design']]['effect']})"
+        ax.text(1.02, y, label, transform=ax.get_yaxis_transform(), va="center", fontsize=8)
+    ax.set_yticks(ys, names)
+    ax.set_xlim(0, 1)
+    ax.set_xlabel("sessions corrupted (Wilson 95%)")
+    ax.set_title("the differential's designs on the campaign's protocol", fontsize=10)
+    fig.tight_layout()
+    return fig

@@ -218,7 +218,9 @@ def compare(dev, shapes, buckets, workload, seeds, arms=ARMS, knobs=None, replay
     knobs = dict(dict(index_dtype="bf16", overlap="on", logits_policy="transient"), **(knobs or {}))
     out, off, method = [], None, ""
     for name in ["off"] + [a for a in arms if a != "off"]:
-        proto, gd, mech, method = run_arm(dev, shapes, buckets, workload, name, seeds, knobs, replays, progress)
+        proto, gd, mech, method = run_arm(
+            dev, shapes, buckets, workload, name, seeds, knobs, replays, progress
+        )
         planted = planted_caught(dev, shapes, knobs, name, max(buckets)) if name in DESIGNS else None
         arm = _arm(name, proto, gd, mech, off, planted)
         off = off or arm
@@ -332,5 +334,8 @@ def explain(result: Designs, alpha=0.05):
         + "."
     )
     return Explanation(
-        findings=findings, signature=signature, recommended=best.design if best else None, text="\n".join(lines)
+        findings=findings,
+        signature=signature,
+        recommended=best.design if best else None,
+        text="\n".join(lines),
     )

@@ -122,7 +122,7 @@ def dispersion_p(runs):
     table = [[r.corrupted_sessions, r.sessions - r.corrupted_sessions] for r in runs]
     k = sum(row[0] for row in table)
     n = sum(sum(row) for row in table)
-    if len(runs) < 2 or k == 0 or k == n:
+    if len(runs) < 2 or k in (0, n):
         return 1.0
     return float(chi2_contingency(table, correction=False).pvalue)
 
@@ -130,7 +130,9 @@ def dispersion_p(runs):
 def pool(runs):
     k, n = sum(r.corrupted_sessions for r in runs), sum(r.sessions for r in runs)
     rate = stats.rate(k, n)
-    return Pooled(corrupted_sessions=k, sessions=n, rate=rate["rate"] if n else 0.0, lo=rate["lo"], hi=rate["hi"])
+    return Pooled(
+        corrupted_sessions=k, sessions=n, rate=rate["rate"] if n else 0.0, lo=rate["lo"], hi=rate["hi"]
+    )
 
 
 def summarise(runs):
@@ -181,3 +183,75 @@ def describe(p: Protocol):
         f"{p.corrupted_steps}/{p.steps} steps{per_step}. The run-to-run spread is {spread}, "
         f"chi-square p = {p.dispersion_p:.2g})."
     )
+
+
+class ConfigProtocol(BaseModel):
+    """The protocol on one configuration of the matrix, and what the campaign's fingerprint expects
+    of it (the corrupting configuration corrupts; each one-knob change from it stays clean)."""
+
+    index_dtype: str
+    mode: str
+    overlap: str
+    expected: str  # corrupts | clean
+    protocol: Protocol
+
+    @property
+    def holds(self):
+        k = self.protocol.pooled.corrupted_sessions
+        return k > 0 if self.expected == "corrupts" else k == 0
+
+
+RACY = ("bf16", "graph", "on")
+
+
+def configurations(index_dtypes, modes, overlaps):
+    """The corrupting configuration and each configuration one knob away from it (the campaign's
+    toggles), among those the profile lists: the ones the protocol runs."""
+    out = []
+    for cfg in [(d, m, o) for d in index_dtypes for m in modes for o in overlaps]:
+        if sum(a != b for a, b in zip(cfg, RACY)) <= 1:
+            out.append(cfg)
+    return out
+
+
+def fingerprint_rows(checks):
+    """Table rows: one per configuration, its runs, pooled rate and interval, the dispersion p."""
+    return [
+        dict(
+            index_dtype=c.index_dtype,
+            mode=c.mode,
+            overlap=c.overlap,
+            runs=" ".join(str(r.corrupted_sessions) for r in c.protocol.runs),
+            corrupted_sessions=c.protocol.pooled.corrupted_sessions,
+            sessions=c.protocol.pooled.sessions,
+            lo=c.protocol.pooled.lo,
+            hi=c.protocol.pooled.hi,
+            corrupted_steps=c.protocol.corrupted_steps,
+            steps=c.protocol.steps,
+            dispersion_p=c.protocol.dispersion_p,
+            expected=c.expected,
+            holds=c.holds,
+        )
+        for c in checks
+    ]
+
+
+def headline(checks):
+    """The corrupting configuration's ConfigProtocol, or None when the profile leaves it out."""
+    return next((c for c in checks if c.expected == "corrupts"), None)
+
+
+def verdict(checks):
+    """One sentence for the notebook's verdict: the corrupting configuration's protocol, and
+    whether each one-knob change stayed clean."""
+    h = headline(checks)
+    if h is None:
+        return "The campaign's protocol: not run (the profile leaves out bf16 + graph + overlap on)."
+    clean = [c for c in checks if c.expected == "clean"]
+    broken = [f"{c.index_dtype}/{c.mode}/overlap {c.overlap}" for c in clean if not c.holds]
+    tail = (
+        f" Clean configurations that corrupted: {', '.join(broken)}."
+        if broken
+        else f" Each one-knob change ({len(clean)}) stayed clean."
+    )
+    return f"The campaign's protocol, bf16 + graph + overlap on: {describe(h.protocol)}{tail}"

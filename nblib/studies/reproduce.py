@@ -14,6 +14,7 @@ from nblib.core import stats
 from nblib.engine import build
 from nblib.engine.model import INDEX_DTYPES, LOGITS_POLICIES, OVERLAPS, check_choice
 from nblib.engine.runner import MODES, Runner, check_buckets
+from nblib.studies import protocol
 
 
 def check_matrix_args(index_dtypes, modes, overlaps, buckets, logits_policy="transient"):
@@ -39,12 +40,18 @@ def corruption_matrix(
     logits_policy="transient",
     progress=print,
     window=None,
+    protocol_seeds=(),
+    protocols=None,
 ):
     """Run every configuration; returns (rows, aliases). `model`, `workload`: dicts of config values.
     window: a list to extend with every step replayed in its own bucket's graph with overlap on
     (index dtype, bucket, the batch's longest and total context, rows, corrupted rows): the data
-    behind the race's window."""
+    behind the race's window. protocols: a list to extend with protocol.ConfigProtocol, one per
+    configuration protocol.configurations() picks, each run on the same graphs for protocol_seeds."""
     buckets = check_matrix_args(index_dtypes, modes, overlaps, buckets, logits_policy)
+    if protocols is not None and not protocol_seeds:
+        raise ValueError("protocols asked for without protocol_seeds: give protocol.seeds(seed, runs)")
+    wanted = protocol.configurations(index_dtypes, modes, overlaps)
     rows, aliases = [], []
     for dtype in index_dtypes:
         for overlap in overlaps:
@@ -79,6 +86,10 @@ def corruption_matrix(
                             buckets_replayed=sorted({s["bucket"] for s in r["step_log"]}),
                         )
                     )
+                if protocols is not None and (dtype, mode, overlap) in wanted:
+                    protocols.append(
+                        _protocol(runner, workload, protocol_seeds, (dtype, mode, overlap), progress)
+                    )
                 if progress:
                     bad = [(x["bucket"], x["corrupted_sessions"]) for x in rows[-len(buckets) :]]
                     progress(
@@ -90,6 +101,15 @@ def corruption_matrix(
             del m
             gc.collect()
     return rows, aliases
+
+
+def _protocol(runner, workload, seeds, cfg, progress):
+    label = "/".join(cfg) + " "
+    p = protocol.run(runner, workload, seeds, progress=progress, label=label)
+    expected = "corrupts" if cfg == protocol.RACY else "clean"
+    return protocol.ConfigProtocol(
+        index_dtype=cfg[0], mode=cfg[1], overlap=cfg[2], expected=expected, protocol=p
+    )
 
 
 MATRIX_COLUMNS = [
