@@ -35,6 +35,8 @@ from kernels.paged import (
     PAGE,
     SUPPORTED_DIMS,
     fp8_page_bytes,
+    live_len,
+    pad_logits,
 )
 
 # ---------------------------------------------------------------------------
@@ -55,26 +57,6 @@ def _mask_(logits, seq_lens):
     return logits.masked_fill_(t[None, :] >= seq_lens[:, None], float("-inf"))
 
 
-def _live_len(seq_lens, max_len):
-    """Columns up to the longest request, rounded up to a page: every later column is -inf, so the
-    references compute these only (the engine sizes max_len for its longest request, often far longer
-    than a batch's). It reads the lengths on the host, so on CUDA (where the reference is a timed
-    baseline) it keeps every column."""
-    if seq_lens.is_cuda:
-        return max_len
-    longest = int(seq_lens.max().clamp(0, max_len)) if seq_lens.numel() else 0
-    return min(max_len, -(-longest // PAGE) * PAGE)
-
-
-def _padded(logits, max_len):
-    """[bs, L] live logits -> [bs, max_len], -inf beyond L."""
-    if logits.shape[1] == max_len:
-        return logits
-    out = logits.new_full((logits.shape[0], max_len), float("-inf"))
-    out[:, : logits.shape[1]] = logits
-    return out
-
-
 def _acc_dtype(dtype):
     return torch.promote_types(dtype, torch.float32)  # float32, or float64 for the check
 
@@ -85,12 +67,12 @@ def ref_logits_bf16(q, w, kcache, page_table, seq_lens, max_len):
     Works for any float dtype of q/kcache (bf16 in production, float64 in check()).
     """
     bs, _, d = q.shape
-    n = _live_len(seq_lens, max_len)
+    n = live_len(seq_lens, max_len)
     k = kcache[_live_page_ids(page_table, seq_lens, n)].view(bs, n, d)
     scores = torch.bmm(k, q.transpose(1, 2).to(k.dtype))  # [bs, T, H], fp32 accumulate
     acc = _acc_dtype(scores.dtype)
     logits = torch.bmm(scores.to(acc).relu_(), w.to(acc).unsqueeze(-1)).squeeze(-1)
-    return _padded(_mask_(logits, seq_lens), max_len)
+    return pad_logits(_mask_(logits, seq_lens), max_len)
 
 
 def ref_logits_fp8(q, w, pages, page_table, seq_lens, max_len, compute_dtype=torch.bfloat16):
@@ -99,14 +81,14 @@ def ref_logits_fp8(q, w, pages, page_table, seq_lens, max_len, compute_dtype=tor
     relu(qk * s) == relu(qk) * s because s > 0, so the scale is applied after the head sum.
     """
     bs, _, d = q.shape
-    n = _live_len(seq_lens, max_len)
+    n = live_len(seq_lens, max_len)
     g = pages[_live_page_ids(page_table, seq_lens, n)]  # [bs, n_pages, bytes]
     k = g[..., : PAGE * d].view(torch.float8_e4m3fn).to(compute_dtype).view(bs, n, d)
     scale = g[..., PAGE * d :].view(torch.float32).reshape(bs, n)
     scores = torch.bmm(k, q.to(compute_dtype).transpose(1, 2))  # [bs, T, H]
     acc = _acc_dtype(compute_dtype)
     logits = torch.bmm(scores.to(acc).relu_(), w.to(acc).unsqueeze(-1)).squeeze(-1)
-    return _padded(_mask_(logits * scale.to(acc), seq_lens), max_len)
+    return pad_logits(_mask_(logits * scale.to(acc), seq_lens), max_len)
 
 
 # ---------------------------------------------------------------------------

@@ -7,19 +7,19 @@ import torch
 from kernels.logits import (
     _check_bf16_args,
     _check_fp8_args,
-    _live_len,
     indexer_logits_bf16_,
     indexer_logits_fp8_,
     ref_logits_bf16,
     ref_logits_fp8,
 )
+from kernels.paged import live_len
 from kernels.topk import ref_topk_indices, topk_indices_triton
 
 
 def _into(out, seq_lens, ref):
     """The reference's live columns written into out, -inf after them: no [bs, max_len] temporary
     (the engine's max_len is sized for its longest request, often far beyond a batch's)."""
-    n = _live_len(seq_lens, out.shape[1])
+    n = live_len(seq_lens, out.shape[1])
     out[:, :n].copy_(ref(n))
     out[:, n:].fill_(float("-inf"))
 

@@ -113,3 +113,23 @@ def write_entries_fp8_(pages, slots, k):
     # index_put_ is not implemented for float8 on every backend
     fp8_values(pages).view(torch.uint8)[page, off] = vals.view(torch.uint8)
     fp8_scales(pages)[page, off] = scale
+
+
+def live_len(seq_lens, max_len):
+    """Columns up to the longest request, rounded up to a page: every later column is -inf, so the
+    references compute these only (the engine sizes max_len for its longest request, often far longer
+    than a batch's). It reads the lengths on the host, so on CUDA (where the reference is a timed
+    baseline) it keeps every column."""
+    if seq_lens.is_cuda:
+        return max_len
+    longest = int(seq_lens.max().clamp(0, max_len)) if seq_lens.numel() else 0
+    return min(max_len, -(-longest // PAGE) * PAGE)
+
+
+def pad_logits(logits, max_len):
+    """[bs, L] live logits -> [bs, max_len], -inf beyond L."""
+    if logits.shape[1] == max_len:
+        return logits
+    out = logits.new_full((logits.shape[0], max_len), float("-inf"))
+    out[:, : logits.shape[1]] = logits
+    return out

@@ -50,6 +50,23 @@ def test_notebook_00_reproduces_the_fingerprint_on_sim(ci_suite):
         for a in res["aliases"]
     )
     assert (ci_suite / "00_reproduce.html").stat().st_size > 10_000
+    # the campaign's protocol: every run counted, the pool their sum, the dispersion test recorded
+    proto = res["protocol"]
+    assert len(proto["runs"]) == res["params"]["protocol_runs"]
+    pooled = proto["pooled"]
+    assert pooled["corrupted_sessions"] == sum(r["corrupted_sessions"] for r in proto["runs"]) > 0
+    assert pooled["sessions"] == sum(r["sessions"] for r in proto["runs"])
+    assert pooled["lo"] <= pooled["corrupted_sessions"] / pooled["sessions"] <= pooled["hi"]
+    assert 0 <= proto["dispersion_p"] <= 1 and f"chi-square p = {proto['dispersion_p']:.2g}" in res["verdict"]
+    checks = {(c["index_dtype"], c["mode"], c["overlap"]): c for c in res["protocol_checks"]}
+    assert set(checks) == {
+        ("bf16", "graph", "on"),
+        ("fp8", "graph", "on"),
+        ("bf16", "eager", "on"),
+        ("bf16", "graph", "off"),
+    }
+    assert all(c["holds"] for c in checks.values()), checks
+    assert res["verdict"].startswith("The campaign's protocol, bf16 + graph + overlap on")
 
 
 def test_the_whole_suite_runs_and_the_index_shows_every_verdict(ci_suite):
@@ -127,30 +144,35 @@ def test_notebook_02_graph_vs_eager(ci_suite):
     assert res["status"] == "ok"
     assert res["fixed"] == dict(index_dtype="bf16", mode="graph", overlap="on")
     assert not {"index_dtypes", "modes", "overlaps"} & set(res["params"])
-    off, on = res["pooled"]
-    assert (off["arm"], on["arm"]) == ("off", "on") and off["sessions"] == on["sessions"] > 0
-    for arm in (off, on):  # the pools are the arms' rows at buckets > 1
-        rows = [r for r in res["arm_rows"] if r["arm"] == arm["arm"] and r["bucket"] > 1]
-        assert arm["corrupted_sessions"] == sum(r["corrupted_sessions"] for r in rows)
-        assert arm["sessions"] == sum(r["sessions"] for r in rows)
-    # the recorded p is Fisher's exact test on the recorded counts, and the verdict quotes it
-    p = stats.fisher(off["corrupted_sessions"], off["sessions"], on["corrupted_sessions"], on["sessions"])[
-        "p"
-    ]
-    assert res["fisher"]["p"] == pytest.approx(p, rel=1e-12) and f"Fisher p = {p:.2g}" in res["verdict"]
-    assert res["gediff_summary"]["comparisons"] == sum(r.get("comparisons", 0) for r in res["arm_rows"])
-    # the keys results.json promises: the arms pooled, Fisher's p, the comparisons and divergences
-    assert res["arms"] == {
-        a["arm"]: dict(corrupted_sessions=a["corrupted_sessions"], sessions=a["sessions"]) for a in (off, on)
-    }
+    off, arms = res["off"], res["designs"]
+    assert [a["design"] for a in arms] == ["canary", "side_clone", "prealloc", "main_stash", "refs"]
+    runs = res["params"]["protocol_runs"]
+    for a in [off, *arms]:  # every arm ran the same protocol: the same sessions, seeds and steps
+        assert a["sessions"] == off["sessions"] == runs * res["params"]["workload"]["sessions"]
+        assert len(a["runs"]) == runs and sum(a["runs"]) == a["corrupted_sessions"]
+        assert a["steps"] == off["steps"]
+        assert (
+            {int(b) for b in a["side_ms"]} == set(res["params"]["buckets"]) == {int(b) for b in a["main_ms"]}
+        )
+        assert all(v > 0 for v in [*a["side_ms"].values(), *a["main_ms"].values()])
+    for a in arms:  # the recorded p is Fisher's exact test on the recorded counts
+        p = stats.fisher(off["corrupted_sessions"], off["sessions"], a["corrupted_sessions"], a["sessions"])
+        assert a["fisher_p"] == pytest.approx(p["p"], rel=1e-12)
+    diffs = [a for a in arms if a["design"] != "canary"]
+    # every differential compared after every replay, and caught the planted divergence
+    assert all(a["comparisons"] == off["steps"] and a["planted_caught"] for a in diffs)
+    assert arms[0]["comparisons"] == 0 and arms[0]["planted_caught"] is None
+    # references keep the logits block alive: nothing is handed on, nothing races, nothing diverges
+    refs = arms[-1]
+    assert refs["pairs"] == 0 and refs["corrupted_sessions"] == refs["diverged"] == 0
+    assert off["pairs"] > 0 and off["corrupted_sessions"] > 0
+    findings = {f["design"]: f for f in res["explanation"]["findings"]}
+    assert findings["refs"]["effect"] == "lowers" and "refs" in res["signature"]
     assert (
-        res["fisher_p"] == res["fisher"]["p"] and res["comparisons"] == res["gediff_summary"]["comparisons"]
+        res["recommended"] in (None, *findings)
+        and f"Recommended: {res['recommended'] or 'none'}" in res["verdict"]
     )
-    assert 0 <= res["diverged"] <= res["comparisons"]
-    # both effects measured per bucket and arm: the audit's pairs and the side branch's time
-    eff = {(e["arm"], e["bucket"]) for e in res["effects"]}
-    assert eff == {(a, b) for a in ("off", "on") for b in res["params"]["buckets"]}
-    assert all(e["side_ms"] > 0 for e in res["effects"])
+    assert (ci_suite / "02_designs.png").stat().st_size > 10_000
     neither, *instruments = res["overhead"]
     assert [r["instrument"] for r in res["overhead"]] == ["neither", "canary", "canary_graphed", "gediff"]
     assert neither["ratio"] is None and neither["calls"] == 0 and neither["median_ms"] > 0
@@ -159,7 +181,8 @@ def test_notebook_02_graph_vs_eager(ci_suite):
         assert r["ratio"] == pytest.approx(r["median_ms"] / neither["median_ms"])
         assert f"{r['instrument']} x{r['ratio']:.2f}" in res["verdict"]
     log = (ci_suite / "02_graph_vs_eager.gediff.log").read_text().splitlines()
-    assert len(log) == res["gediff_summary"]["comparisons"]
+    assert len(log) == sum(a["comparisons"] for a in res["designs"])
+    assert {line.split(":")[0] for line in log} == {a["design"] for a in diffs}
     index = {
         r["notebook"]: r["status"] for r in json.loads((ci_suite / "index.json").read_text())["notebooks"]
     }

@@ -126,7 +126,7 @@ def protocol_runs(proto, title="the campaign's protocol"):
     with its Wilson 95% band: whether the runs agree is visible at a glance."""
     runs = proto["runs"]
     pooled = proto["pooled"]
-    fig, ax = plt.subplots(figsize=(1.0 * len(runs) + 3.5, 3.4))
+    fig, ax = plt.subplots(figsize=(1.0 * len(runs) + 5.0, 3.4))
     xs = range(len(runs))
     rates = [r["corrupted_sessions"] / r["sessions"] if r["sessions"] else 0.0 for r in runs]
     ax.axhspan(pooled["lo"], pooled["hi"], color="tab:orange", alpha=0.18, label="pooled, Wilson 95%")
@@ -138,10 +138,11 @@ def protocol_runs(proto, title="the campaign's protocol"):
         )
     ax.set_xticks(list(xs), [f"seed {r['seed']}" for r in runs])
     top = max([*rates, pooled["hi"]])
-    ax.set_ylim(0, min(1.0, top * 1.3 + 0.05))
+    ax.set_ylim(0, top + 0.12)  # headroom for the k/n labels above the bars
+    ax.set_yticks([t for t in ax.get_yticks() if 0 <= t <= 1])
     ax.set_ylabel("sessions corrupted")
     ax.set_title(f"{title}: dispersion p = {proto['dispersion_p']:.2g}", fontsize=10)
-    ax.legend(loc="upper right", fontsize=8, frameon=False)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
     fig.tight_layout()
     return fig
 
@@ -151,6 +152,7 @@ def design_rates(arms, findings=None):
     the differential saw and, from findings, the effect and why."""
     why = {f["design"]: f for f in findings or []}
     names = [a["design"] for a in arms]
+    off = next((a for a in arms if a["design"] == "off"), None)
     fig, ax = plt.subplots(figsize=(9, 0.62 * len(arms) + 1.4))
     ys = list(range(len(arms)))[::-1]
     for y, a in zip(ys, arms):
@@ -170,9 +172,11 @@ def design_rates(arms, findings=None):
         if a["design"] in why:
             label += f"  ({why[a['design']]['effect']})"
         ax.text(1.02, y, label, transform=ax.get_yaxis_transform(), va="center", fontsize=8)
+    if off is not None:
+        ax.axvline(off["rate"], color="dimgray", linestyle=":", linewidth=1)
     ax.set_yticks(ys, names)
     ax.set_xlim(0, 1)
-    ax.set_xlabel("sessions corrupted (Wilson 95%)")
+    ax.set_xlabel("sessions corrupted (Wilson 95%); red raises, blue lowers, grey: no change detected")
     ax.set_title("the differential's designs on the campaign's protocol", fontsize=10)
     fig.tight_layout()
     return fig

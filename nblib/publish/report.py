@@ -14,6 +14,14 @@ from nblib.core.paths import MEASURING as NOTEBOOKS
 from nblib.publish.show import markdown_table
 
 FIGURES = (
+    (
+        "00_protocol.png",
+        "The campaign's protocol: each run's corrupted sessions and the pooled rate (notebook 00)",
+    ),
+    (
+        "02_designs.png",
+        "The differential's designs on the protocol: rate per design, what each saw (notebook 02)",
+    ),
     ("00_matrix_sessions.png", "Corrupted sessions by configuration and bucket (notebook 00)"),
     ("03_timeline.png", "The two streams of one capture, the racing ops in red (notebook 03)"),
     ("04_step_times.png", "Decode-step time per bucket, buggy overlap vs the fixes (notebook 04)"),
@@ -82,8 +90,13 @@ def investigation(results):
         "01 canary", "is the index-K cache being overwritten?", r1["verdict"] if r1 else "not run in this run"
     )
     if r2:
-        off, on = r2["pooled"]
+        off = r2["off"]
         add("02 graph vs eager", "does the differential see it, and does it change the rate?", r2["verdict"])
+        add(
+            "02 the Heisenbug explained",
+            "layout or timing: why does an instrument move the rate?",
+            " ".join(f"{f['design']}: {f['effect']} ({f['why']})." for f in r2["explanation"]["findings"]),
+        )
         need = "; ".join(
             f"baseline {x['baseline']:.3g}: {x['fisher']} sessions per arm" for x in r2["sessions_needed"]
         )
@@ -91,9 +104,13 @@ def investigation(results):
             "02 Heisenbug statistics",
             "how many sessions tell a real change in rate from chance?",
             f"to detect a rate falling to zero with 80% power (Fisher, alpha 0.05): {need}; to claim a rate "
-            f"below 1% with no failure: {r2['zero_failure_1pct']} sessions. Measured: "
-            f"{_rate(off['corrupted_sessions'], off['sessions'])} off vs "
-            f"{_rate(on['corrupted_sessions'], on['sessions'])} on, Fisher p = {r2['fisher']['p']:.2g}",
+            f"below 1% with no failure: {r2['zero_failure_1pct']} sessions. Measured without instrument: "
+            f"{_rate(off['corrupted_sessions'], off['sessions'])}; "
+            + "; ".join(
+                f"{a['design']} {_rate(a['corrupted_sessions'], a['sessions'])} "
+                f"(Fisher p = {a['fisher_p']:.2g})"
+                for a in r2["designs"]
+            ),
         )
     else:
         add("02 graph vs eager", "does the differential see it?", "not run in this run")
@@ -167,7 +184,33 @@ def writeup(results, output_dir):
             "## Speed (decode step, median ms)",
             markdown_table(r4["speed"]),
         ]
+    if results["02_graph_vs_eager"]:
+        r2 = results["02_graph_vs_eager"]
+        parts += [
+            "## The differential's designs (notebook 02)",
+            markdown_table(
+                [r2["off"], *r2["designs"]],
+                [
+                    "design",
+                    "runs",
+                    "corrupted_sessions",
+                    "sessions",
+                    "lo",
+                    "hi",
+                    "fisher_p",
+                    "comparisons",
+                    "diverged",
+                    "planted_caught",
+                    "hazards",
+                    "pairs",
+                ],
+            ),
+            r2["explanation"]["text"].replace("\n", "\n\n"),
+        ]
     if results["00_reproduce"]:
+        r0 = results["00_reproduce"]
+        if r0.get("protocol_checks"):
+            parts += ["## The campaign's protocol (notebook 00)", markdown_table(r0["protocol_checks"])]
         parts += [
             "## The fingerprint (notebook 00)",
             markdown_table(

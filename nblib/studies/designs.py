@@ -24,7 +24,7 @@ each replay, nothing captured), and the differential's DESIGNS.
 
 import statistics
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from nblib.core import stats
 from nblib.engine import build
@@ -83,6 +83,7 @@ class Arm(BaseModel):
     side_ms: dict[int, float]
     main_ms: dict[int, float]
     buckets: list[Mechanism]
+    lines: list[str] = Field(default_factory=list, exclude=True)  # one log line per comparison
 
 
 class Designs(BaseModel):
@@ -208,6 +209,7 @@ def _arm(name, proto, gd, mech, off, planted):
         side_ms={x.bucket: x.side_ms for x in mech},
         main_ms={x.bucket: x.main_ms for x in mech},
         buckets=mech,
+        lines=[f"{name}: {line}" for line in (gd.lines if gd is not None else [])],
     )
 
 
@@ -338,4 +340,22 @@ def explain(result: Designs, alpha=0.05):
         signature=signature,
         recommended=best.design if best else None,
         text="\n".join(lines),
+    )
+
+
+def verdict(result: Designs, why: Explanation):
+    """One paragraph: each arm's effect against no instrument, the signature and the recommendation."""
+    off = result.arm("off")
+    effects = {f.design: f for f in why.findings}
+    each = ", ".join(
+        f"{a.design} {effects[a.design].effect} "
+        f"({a.corrupted_sessions}/{a.sessions}, p = {a.fisher_p:.2g}"
+        + (f", {a.diverged}/{a.comparisons} diverged" if a.comparisons else "")
+        + ")"
+        for a in result.arms
+        if a.design != "off"
+    )
+    return (
+        f"Without instrument {stats.fmt_rate(off.corrupted_sessions, off.sessions)} of sessions corrupted; "
+        f"against it: {each}. {why.text.splitlines()[-1]}"
     )
