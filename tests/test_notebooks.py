@@ -315,3 +315,24 @@ def test_lanes_writing_one_index_lose_no_record(tmp_path):
         p.join()
     index = json.loads((tmp_path / "index.json").read_text())["notebooks"]
     assert sorted(r["notebook"] for r in index) == sorted(names[0] + names[1])
+
+
+def test_a_notebook_stopped_by_a_time_limit_is_marked_failed(tmp_path):
+    """`timeout` (SIGTERM) around a run: the notebook in flight is recorded failed, saying why."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "nblib", "run", "--params", str(CI), "--out", str(out), "--only", "00"]
+    p = subprocess.Popen(cmd, cwd=P.ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not (out / "00_reproduce.results.json").exists() and time.monotonic() < deadline:
+        time.sleep(0.2)  # the notebook has started once its results.json says "running"
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=120)
+    assert p.returncode != 0 and "stopped by signal 15" in err
+    rec = json.loads((out / "index.json").read_text())["notebooks"][0]
+    assert rec["notebook"] == "00_reproduce" and rec["status"] == "failed"
+    assert "stopped by signal 15" in rec["error"]

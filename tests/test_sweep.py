@@ -71,7 +71,7 @@ def test_the_cli_says_what_is_wrong_in_one_line(tmp_path):
     assert p.returncode != 0
     assert p.stderr.strip().splitlines() == [
         "error: grid key 'timing_replays' is not a parameter of 00_reproduce: choose among backend, "
-        "buckets, index_dtypes, logits_policy, model, modes, overlaps, seed, workload"
+        "buckets, index_dtypes, logits_policy, model, modes, overlaps, protocol_runs, seed, workload"
     ]
 
 

@@ -10,11 +10,14 @@ With lanes (`--lanes N`), notebooks 00 to 04 run in N processes side by side, on
 notebooks still run in order, and 05 runs last because it reads every result.
 """
 
+import contextlib
 import fcntl
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -66,6 +69,34 @@ def run(params_path=None, out=None, only=None, timeout=1800, lanes=1):
         _run_lanes(plan, gpus, params_path, out, timeout)
         notebooks = [n for n in notebooks if not any(n in lane for lane in plan)]
     records = _load_index(out)
+    with _stop_on_sigterm():
+        records = _run_each(notebooks, profile, params_path, out, timeout) or records
+    return records
+
+
+class Stopped(BaseException):
+    """SIGTERM while a notebook ran (a `timeout` around the run, a job scheduler): the notebook is
+    recorded as failed before the run stops, never left looking unfinished or ok."""
+
+
+@contextlib.contextmanager
+def _stop_on_sigterm():
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        raise Stopped(f"stopped by signal {signum} (a time limit?) before the notebook finished")
+
+    old = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def _run_each(notebooks, profile, params_path, out, timeout):
+    records = None
     bar = tqdm(notebooks, desc="suite", unit="nb")
     for name in bar:
         bar.set_postfix_str(name)
@@ -86,6 +117,8 @@ def run(params_path=None, out=None, only=None, timeout=1800, lanes=1):
             )
         except Exception as e:  # papermill raises PapermillExecutionError with the cell
             rec["error"] = _describe(e)
+        except Stopped as e:
+            rec["error"] = str(e)
         res = _results(out, name)
         if rec["error"] is None and res.get("status") != "ok":
             rec["error"] = f"results.json says status {res.get('status')!r}: the notebook did not finish"
