@@ -3,6 +3,7 @@ what it produced against the batch path's own functions. No kernel or browser is
 panel's results are plain widget values (HTML, PNG bytes) and its `state`."""
 
 import ast
+import html
 import inspect
 
 import nbformat
@@ -10,10 +11,10 @@ import pytest
 import torch
 
 from nblib.backends.device import get
-from nblib.instruments import canary, gediff
+from nblib.instruments import canary
 from nblib.publish import pagemap, widgets
 from nblib.publish import params as P
-from nblib.studies import reproduce
+from nblib.studies import designs, reproduce
 
 CI = P.load(P.ROOT / "params" / "ci.yaml")
 MODEL, BUCKETS = CI["model"], [1, 2]
@@ -111,26 +112,21 @@ def test_page_recorder_classes_match_the_canary_replay_by_replay(dev):
         assert set(torch.nonzero(changed).flatten().tolist()) == set(a["live_overwrites"] + a["free_writes"])
 
 
-def test_gediff_explorer_shows_both_arms_per_bucket_and_walks_the_comparisons(dev):
+def test_gediff_explorer_runs_a_design_against_off_through_the_batch_function(dev):
     p = widgets.gediff_explorer(dev, MODEL, BUCKETS, SMALL)
+    p.controls["design"].value, p.controls["runs"].value = "refs", 2
     seen = watch_progress(p)
     p.click()
     assert "error" not in p.state, p.state.get("error")
-    dev.manual_seed(0)
-    rows, gd = gediff.arms(dev, MODEL, BUCKETS, SMALL, progress=None)
-    assert p.state["rows"] == rows and len(p.state["records"]) == len(gd.records)
-    assert seen[-1] == 2 * len(BUCKETS)
-    for b in BUCKETS:
-        assert f"<td>{b}" in p.view.value
-    assert "off: corrupted" in p.view.value and "on: corrupted" in p.view.value
-    run_of, step = p.extra[0].children
-    run_of.value = 2
-    recs = [r for r in gd.records if r["concurrency"] == 2]
-    assert step.max == len(recs) - 1
-    step.value = step.max
-    last = recs[-1]
-    assert f"comparison {step.max}: step {last['step']}" in p.status.value
-    assert f"top-k in {last['topk_rows']}" in p.status.value
+    want = designs.compare(get("sim"), MODEL, BUCKETS, SMALL, [0, 1], ["off", "refs"], progress=None)
+    assert p.state["rows"] == [a.model_dump() for a in want.arms]
+    assert seen[-1] == 2 * (2 + 1)  # each protocol run and each arm's line
+    assert "<td>refs" in p.view.value and "<td>off" in p.view.value
+    assert image(p).startswith(PNG)
+    lines = p.state["lines"]
+    assert len(lines) == want.arm("refs").comparisons > 0
+    p.extra[0].value = p.extra[0].max
+    assert p.status.value.endswith(html.escape(lines[-1]) + "</span>")
 
 
 def test_timeline_explorer_lights_the_chosen_hazard_and_names_its_sites(dev):

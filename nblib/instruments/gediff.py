@@ -28,9 +28,6 @@ import torch
 
 from kernels import differential as kdiff
 from kernels import indexer as kx
-from nblib.core import stats
-from nblib.engine import build
-from nblib.engine.runner import Runner
 
 INPUTS = ("q", "head_w", "page_table", "seq_lens")
 
@@ -233,91 +230,3 @@ def metrics(graph, eager, k):
         topk_rows=int(topk.sum()),
         diverged=bool(max_abs > 0 or argmax.any() or topk.any()),
     )
-
-
-def arms(
-    dev,
-    model,
-    buckets,
-    workload,
-    index_dtype="bf16",
-    overlap="on",
-    logits_policy="transient",
-    seed=0,
-    progress=print,
-):
-    """The corruption rate with the differential off and on, per bucket (at most `bucket` sessions
-    decoding together), graph mode. Both arms run the same sessions from the same replay-timing seed;
-    they differ only by the differential (its captured clones and its eager recompute).
-    Returns (rows, gd): rows have arm, bucket, sessions, corrupted_sessions, steps, corrupted_steps,
-    and for the on arm the differential's comparisons and divergences; gd holds its records and lines."""
-    knobs = dict(index_dtype=index_dtype, overlap=overlap, logits_policy=logits_policy)
-    off_model, on_model = build.model(dev, model, **knobs), build.model(dev, model, **knobs)
-    gd = GEDiff(on_model)
-    runners = dict(off=Runner(off_model, buckets).capture(), on=Runner(on_model, buckets).capture())
-    rows, records = [], []
-    for b in sorted(buckets):
-        for arm in ("off", "on"):
-            dev.manual_seed(seed)
-            gd.records = []
-            r, counts = build.bucket_run(runners[arm], workload, b, [gd] if arm == "on" else ())
-            row = dict(arm=arm, bucket=b, **counts)
-            if arm == "on":
-                row.update(comparisons=len(gd.records), diverged=sum(x["diverged"] for x in gd.records))
-                records += [dict(x, concurrency=b) for x in gd.records]
-            rows.append(row)
-            if progress:
-                progress(
-                    f"bucket {b} differential {arm:3s}: corrupted {r['corrupted_sessions']}/{r['sessions']}"
-                    + (
-                        f", {row['diverged']}/{row['comparisons']} comparisons diverged"
-                        if arm == "on"
-                        else ""
-                    )
-                )
-    gd.records = records
-    return rows, gd
-
-
-def compare_arms(rows, min_bucket=2):
-    """Pool each arm over buckets >= min_bucket (the campaign's batch size > 1): Wilson intervals
-    and Fisher's exact p-value for 'the differential does not change the rate'."""
-    pooled = {}
-    for arm in ("off", "on"):
-        sel = [r for r in rows if r["arm"] == arm and r["bucket"] >= min_bucket]
-        k, n = sum(r["corrupted_sessions"] for r in sel), sum(r["sessions"] for r in sel)
-        pooled[arm] = dict(
-            arm=arm,
-            corrupted_sessions=k,
-            sessions=n,
-            **{x: v for x, v in stats.rate(k, n).items() if x in ("rate", "lo", "hi")},
-        )
-    f = stats.fisher(
-        pooled["off"]["corrupted_sessions"],
-        pooled["off"]["sessions"],
-        pooled["on"]["corrupted_sessions"],
-        pooled["on"]["sessions"],
-    )
-    return [pooled["off"], pooled["on"]], f
-
-
-def verdict(pooled, fisher, summary, alpha=0.05):
-    """One sentence: did the differential see divergence, and did turning it on change the rate?"""
-    off, on = pooled
-    rate = lambda r: stats.fmt_rate(r["corrupted_sessions"], r["sessions"])
-    seen = (
-        f"the differential diverged in {summary['diverged']} of {summary['comparisons']} comparisons "
-        f"(max_abs {summary['max_abs']:.3g}, top-k set differs in {summary['topk_rows']} rows)"
-    )
-    if fisher["p"] < alpha:
-        way = "raised" if on["rate"] > off["rate"] else "lowered"
-        change = (
-            f"turning it on {way} the corruption rate: {rate(off)} off vs {rate(on)} on, "
-            f"Fisher p = {fisher['p']:.2g}; the instrument perturbs what it measures"
-        )
-    else:
-        change = (
-            f"no detectable change in the corruption rate: {rate(off)} off vs {rate(on)} on, "
-            f"Fisher p = {fisher['p']:.2g}"
-        )
-    return f"{seen}; {change}."

@@ -3,7 +3,7 @@ question. Each callback calls the plain function the batch run calls and shows i
 
   00 matrix_explorer     the matrix by knob and bucket         reproduce.corruption_matrix
   01 page_map            the index-K cache's pages, per replay  canary (pagemap.watch)
-  02 gediff_explorer     divergence and rate, off vs on, by step  gediff.arms, gediff.compare_arms
+  02 gediff_explorer     a design against off, on the protocol  designs.compare, designs.explain
   03 timeline_explorer   one capture's streams, one hazard lit  overlap.audit_model, plots.stream_timeline
   04 fix_explorer        variant by bucket: corruption, speed   fix.run_variant, fix.step_times
 
@@ -16,11 +16,10 @@ import matplotlib.pyplot as plt
 from nblib.core import stats
 from nblib.engine.model import INDEX_DTYPES, LOGITS_POLICIES, OVERLAPS
 from nblib.engine.runner import MODES
-from nblib.instruments import gediff
 from nblib.publish import pagemap, plots
 from nblib.publish.panel import Panel
 from nblib.publish.show import html_table
-from nblib.studies import fix, overlap, reproduce
+from nblib.studies import designs, fix, overlap, protocol, reproduce
 
 
 def _need(values, what):
@@ -131,70 +130,57 @@ def page_map(dev, model, buckets, workload, logits_policy="transient", index_dty
 
 
 def gediff_explorer(dev, model, buckets, workload, logits_policy="transient", seed=0):
-    """Per bucket, the corruption rate with the differential off and on; a slider walks the
-    differential's comparisons in the chosen bucket's run."""
-    run_of = W.Dropdown(options=sorted(buckets), value=max(buckets), description="run", disabled=True)
+    """One design of the differential (or the canary) against no instrument on the campaign's
+    protocol, through designs.compare as notebook 02 runs it: each arm's rate, what it saw, and the
+    evidence (aliasing pairs, branch times); a slider walks the design's comparisons."""
     step = W.IntSlider(
         value=0, min=0, max=0, description="comparison", disabled=True, continuous_update=False
     )
     p = Panel(
-        controls={},
-        button=W.Button(description="run both arms", button_style="primary"),
-        extra=[W.HBox([run_of, step])],
+        controls=dict(
+            design=W.Dropdown(options=list(designs.ARMS[1:]), value="side_clone", description="design"),
+            runs=W.IntSlider(value=2, min=2, max=5, description="runs"),
+        ),
+        button=W.Button(description="run off and the design", button_style="primary"),
+        extra=[step],
     )
 
     def draw(_=None):
-        recs = [r for r in p.state.get("records", []) if r["concurrency"] == run_of.value]
-        step.max, step.disabled = max(0, len(recs) - 1), not recs
-        if not recs:
-            p.say(f"no comparison in the run with at most {run_of.value} sessions")
-            return
-        rec = recs[min(step.value, len(recs) - 1)]
-        fig, ax = plt.subplots(figsize=(9, 3.4))
-        ax.bar(
-            range(len(recs)),
-            [r["topk_rows"] for r in recs],
-            color=["tab:red" if r["diverged"] else "tab:blue" for r in recs],
-        )
-        ax.axvline(step.value, color="k", linestyle="--", linewidth=1)
-        ax.set_xlabel(f"comparison (one per replay), run with at most {run_of.value} sessions")
-        ax.set_ylabel("rows whose top-k set differs")
-        ax.set_title(f"graph vs eager: {sum(r['diverged'] for r in recs)}/{len(recs)} diverged (red)")
-        fig.tight_layout()
-        p.show(fig)
-        p.say(
-            f"comparison {step.value}: step {rec['step']}, bucket {rec['bucket']}, rows {rec['rows']}, "
-            f"max_abs {rec['max_abs']:.3g}, argmax differs in {rec['argmax_rows']}, "
-            f"top-k in {rec['topk_rows']}"
-        )
+        lines = p.state.get("lines", [])
+        step.max, step.disabled = max(0, len(lines) - 1), not lines
+        if lines:
+            p.say(lines[min(step.value, len(lines) - 1)])
 
     def run(p, tick):
-        tick.start(2 * len(buckets), "capturing both arms")
-        rows, gd = gediff.arms(
-            dev, model, buckets, workload, logits_policy=logits_policy, seed=seed, progress=tick
+        arms, seeds = ["off", p.value("design")], protocol.seeds(seed, p.value("runs"))
+        tick.start(len(arms) * (len(seeds) + 1), "capturing the first arm")
+        result = designs.compare(
+            dev, model, buckets, workload, seeds, arms, dict(logits_policy=logits_policy), progress=tick
         )
-        pooled, fisher = gediff.compare_arms(rows)
-        p.state.update(rows=rows, records=gd.records, pooled=pooled, fisher=fisher)
-        by = {}
-        for r in rows:
-            d = by.setdefault(r["bucket"], dict(bucket=r["bucket"]))
-            d[f"{r['arm']}: corrupted"] = _rate(r["corrupted_sessions"], r["sessions"])
-            if r["arm"] == "on":
-                d.update(comparisons=r["comparisons"], diverged=r["diverged"])
+        why = designs.explain(result)
+        rows = [a.model_dump() for a in result.arms]
+        mech = [dict(design=a.design, **m.model_dump()) for a in result.arms for m in a.buckets]
+        p.state.update(result=result, rows=rows, lines=[x for a in result.arms for x in a.lines])
         p.show(
-            tables=[
-                ("per bucket, differential off vs on", html_table(list(by.values()))),
-                (f"buckets > 1 pooled; Fisher p = {fisher['p']:.3g}", html_table(pooled)),
-            ]
+            plots.design_rates(rows, [f.model_dump() for f in why.findings]),
+            [
+                ("each arm on the protocol", html_table(rows, DESIGN_COLUMNS)),
+                (f"the evidence by bucket ({result.method})", html_table(mech)),
+            ],
         )
-        run_of.disabled, step.value = False, 0
+        step.value = 0
         draw()
-        return gediff.verdict(pooled, fisher, gd.summary())
+        return designs.verdict(result, why)
 
     p.on_click(run)
-    run_of.observe(draw, "value")
     step.observe(draw, "value")
     return p
+
+
+DESIGN_COLUMNS = [
+    "design", "runs", "corrupted_sessions", "sessions", "fisher_p", "comparisons", "diverged",
+    "planted_caught", "hazards", "pairs",
+]  # fmt: skip
 
 
 # -- 03 ------------------------------------------------------------------------------------------
