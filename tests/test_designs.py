@@ -151,3 +151,42 @@ def test_configurations_are_the_corrupting_one_and_its_one_knob_changes():
         ("bf16", "eager", "on"),
         ("fp8", "graph", "on"),
     ]
+
+
+def _arm(design, k, side_us, pairs=("indexer.logits / mlp.up",), main_us=50.0, diverged=0, planted=True):
+    from nblib.core import stats
+
+    p = None if design == "off" else stats.fisher(40, 200, k, 200)["p"]
+    mech = [
+        designs.Mechanism(
+            bucket=8, hazards=2 * len(pairs), pairs=list(pairs), side_ms=side_us / 1e3, main_ms=main_us / 1e3
+        )
+    ]
+    return designs.Arm(
+        design=design, description="", sessions=200, corrupted_sessions=k, rate=k / 200, lo=0.0, hi=1.0,
+        fisher_p=p, runs=[k], dispersion_p=1.0, steps=100, corrupted_steps=0, comparisons=100,
+        diverged=diverged, max_abs=0.0, planted_caught=planted if design != "off" else None,
+        hazards=2 * len(pairs), pairs=len(pairs), side_ms={8: side_us / 1e3}, main_ms={8: main_us / 1e3},
+        buckets=mech,
+    )  # fmt: skip
+
+
+def test_explain_reads_the_effect_and_its_reason_off_the_evidence():
+    result = designs.Designs(
+        arms=[
+            _arm("off", 40, 100.0),
+            _arm("side_clone", 80, 110.0),  # raised, same pairs, a longer side branch: timing
+            _arm("main_stash", 42, 100.2),  # no change, no shift: the one to build
+            _arm("prealloc", 45, 104.0),  # no change detected, but it leans to timing
+            _arm("refs", 0, 100.0, pairs=()),  # lowered, no pair left: layout and lifetime
+        ],
+        seeds=[0],
+        method="given",
+    )
+    why = designs.explain(result)
+    got = {f.design: (f.effect, f.why.split(":")[0]) for f in why.findings}
+    assert got["side_clone"] == ("raises", "timing")
+    assert got["refs"] == ("lowers", "layout and lifetime")
+    assert got["main_stash"][0] == got["prealloc"][0] == "unchanged"
+    assert "leans to timing" in dict((f.design, f.why) for f in why.findings)["prealloc"]
+    assert why.signature == ["refs"] and why.recommended == "main_stash"

@@ -281,6 +281,23 @@ def _timing(arm, off, racy):
     return text, side - main  # > 0: the side branch gained on the main branch (a wider window)
 
 
+def _unchanged(arm, off, racy, dl, dt):
+    """No change detected: say so, with where the evidence leans (a shift under 1 % of the side
+    branch, or no pair moved, is read as none), so a reader sees what a longer protocol would test."""
+    p = "no change detected in the rate" + (f" (p = {arm.fisher_p:.2g})" if arm.fisher_p is not None else "")
+    base = statistics.mean(1e3 * off.side_ms[b] for b in racy)
+    if dl:
+        return f"{p}, although the aliasing pairs moved"
+    if abs(dt) > 0.01 * base:
+        way = "wider" if dt > 0 else "narrower"
+        more = "up" if dt > 0 else "down"
+        return (
+            f"{p}; the evidence leans to timing: the side branch gains {dt:+.1f} us on the main branch "
+            f"(a {way} window, the same blocks aliasing), which would move the rate {more}"
+        )
+    return f"{p}, and neither the aliasing pairs nor the branch times moved"
+
+
 def _finding(arm, off, racy, alpha):
     effect = "unchanged"
     if arm.fisher_p is not None and arm.fisher_p < alpha:
@@ -288,7 +305,7 @@ def _finding(arm, off, racy, alpha):
     layout, dl = _layout(arm, off)
     timing, dt = _timing(arm, off, racy)
     if effect == "unchanged":
-        why = "no change detected in the rate"
+        why = _unchanged(arm, off, racy, dl, dt)
     elif dl < 0 and effect == "lowers":
         why = "layout and lifetime: fewer blocks handed on across streams, so fewer pairs can race"
     elif dl > 0 and effect == "raises":
