@@ -12,16 +12,13 @@ from kernels.logits import (
     ref_logits_bf16,
     ref_logits_fp8,
 )
-from kernels.paged import live_len
+from kernels.paged import live_len, pad_logits
 from kernels.topk import ref_topk_indices, topk_indices_triton
 
 
 def _into(out, seq_lens, ref):
-    """The reference's live columns written into out, -inf after them: no [bs, max_len] temporary
-    (the engine's max_len is sized for its longest request, often far beyond a batch's)."""
-    n = live_len(seq_lens, out.shape[1])
-    out[:, :n].copy_(ref(n))
-    out[:, n:].fill_(float("-inf"))
+    """The reference on the live columns only, padded with -inf into out (kernels.paged)."""
+    pad_logits(ref(live_len(seq_lens, out.shape[1])), out.shape[1], out)
 
 
 # ---------------------------------------------------------------------------

@@ -126,10 +126,13 @@ def live_len(seq_lens, max_len):
     return min(max_len, -(-longest // PAGE) * PAGE)
 
 
-def pad_logits(logits, max_len):
-    """[bs, L] live logits -> [bs, max_len], -inf beyond L."""
-    if logits.shape[1] == max_len:
-        return logits
-    out = logits.new_full((logits.shape[0], max_len), float("-inf"))
-    out[:, : logits.shape[1]] = logits
+def pad_logits(logits, max_len, out=None):
+    """[bs, L] live logits -> [bs, max_len], -inf beyond L; into `out` when given (no temporary)."""
+    n = logits.shape[1]
+    if out is None:
+        if n == max_len:
+            return logits
+        out = logits.new_empty((logits.shape[0], max_len))
+    out[:, :n].copy_(logits)
+    out[:, n:].fill_(float("-inf"))
     return out

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Every GPU check in one device call (about 5 minutes on an H200): the capture audit on CUDA, the
+# Every GPU check in one run (about 5 minutes on an H200): the capture audit on CUDA, the
 # GPU tests, the kernels' checks, config sweep and timing table, what the instruments cost per
 # replay (the graphed canary included), and where the fp8 logits kernel's time goes. On the GPU
 # machine:

@@ -460,7 +460,7 @@ def test_cuda_sanitizer_cannot_tell_the_race_from_the_fixes():
     sees joined. The audit (test_cuda_model_configurations) separates all three."""
     from nblib.instruments import csan
 
-    # three children, each within 150 s: the whole comparison fits one device call (10 minutes)
+    # three children, each within 150 s: the whole comparison fits a 10-minute job
     runs = {r["logits_policy"]: r for r in csan.compare(GPU_MODEL, [2, 32, 64], timeout=150)}
     assert all(r["control"]["reported"] for r in runs.values()), runs
     for p in ("transient", "record_stream"):

@@ -407,7 +407,7 @@ def test_the_gpu_script_runs_end_to_end_on_the_simulator(tmp_path):
 
 
 def test_the_gpu_checks_script_refuses_in_one_line_without_a_gpu(tmp_path):
-    """scripts/gpu_checks.sh (every GPU check in one device call) stops before any step here."""
+    """scripts/gpu_checks.sh (every GPU check in one run) stops before any step here."""
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU: the script would run")
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")

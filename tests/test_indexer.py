@@ -504,7 +504,7 @@ print("ok")
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_gpu_check_both_dtypes():
-    # a fresh process: the real compiled kernels, not this session's interpreted twins
+    # a fresh process: the real compiled kernels, not this process's interpreted twins
     code = (
         "import kernels.indexer as ix\n"
         "for c in [dict(bs=5), dict(bs=3, seq_lens=[1, 64, 65]), dict(bs=7, heads=32, dim=64),"

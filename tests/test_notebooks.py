@@ -2,6 +2,7 @@
 suite runs once (the ci_suite fixture, as CI runs the main job) and each test reads that run."""
 
 import json
+import re
 import shutil
 
 import pytest
@@ -75,6 +76,8 @@ def test_the_whole_suite_runs_and_the_index_shows_every_verdict(ci_suite):
     page = (ci_suite / "index.html").read_text()
     for r in index:
         assert r["verdict"] and r["html"] in page and (ci_suite / r["html"]).stat().st_size > 10_000
+        # each page opens offline: no script or stylesheet from the network (MathJax, require.js)
+        assert not re.search(r'(src|href)="https?://', (ci_suite / r["html"]).read_text()), r["html"]
     # the writeup is built from the results alone, and every notebook's finding is in it
     text = (ci_suite / "writeup.md").read_text()
     assert "5 of 5 notebooks finished" in text and "not run in this run" not in text

@@ -58,7 +58,7 @@ def serve(root):
 
 
 def chromium_missing():
-    """Why the browser check cannot run here, or None."""
+    """Why the browser check cannot run on this machine, or None."""
     if not CHROMIUM.exists():
         return f"{CHROMIUM} is absent: apt-get install -y chromium"
     try:

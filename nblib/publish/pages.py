@@ -4,6 +4,8 @@ site's pages. Every link a template writes is relative, so a folder can be serve
 from pathlib import Path
 
 import jinja2
+import nbformat
+from nbconvert import HTMLExporter
 
 TEMPLATES = Path(__file__).parent / "templates"
 
@@ -18,3 +20,19 @@ _env = jinja2.Environment(
 
 def render(name, **context):
     return _env.get_template(name).render(**{"nav": (), "footer": "", **context})
+
+
+def notebook_html(ipynb, template="offline", resources=None, **options):
+    """An executed notebook as one HTML page through a template here that loads nothing from the
+    network ("offline": the run folder's pages; "nbpage": the site's, with its nav and folded code).
+    options: HTMLExporter's (exclude_input, ...); prompts are always left out."""
+    exporter = HTMLExporter(
+        extra_template_basedirs=[str(TEMPLATES)],
+        extra_template_paths=[str(TEMPLATES)],  # so one template here can extend another
+        template_name=template,
+        exclude_input_prompt=True,
+        exclude_output_prompt=True,
+        **options,
+    )
+    body, _ = exporter.from_notebook_node(nbformat.read(ipynb, 4), resources=resources)
+    return body

@@ -12,6 +12,7 @@ from nblib.core import stats
 from nblib.core.files import write_text
 from nblib.core.paths import MEASURING as NOTEBOOKS
 from nblib.publish.show import markdown_table
+from nblib.studies import designs
 
 FIGURES = (
     (
@@ -190,20 +191,7 @@ def writeup(results, output_dir):
             "## The differential's designs (notebook 02)",
             markdown_table(
                 [r2["off"], *r2["designs"]],
-                [
-                    "design",
-                    "runs",
-                    "corrupted_sessions",
-                    "sessions",
-                    "lo",
-                    "hi",
-                    "fisher_p",
-                    "comparisons",
-                    "diverged",
-                    "planted_caught",
-                    "hazards",
-                    "pairs",
-                ],
+                designs.COLUMNS,
             ),
             r2["explanation"]["text"].replace("\n", "\n\n"),
         ]

@@ -16,9 +16,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-import nbformat
 import yaml
-from nbconvert import HTMLExporter
 from nbconvert.filters import markdown2html
 
 from nblib.core.files import write_text
@@ -50,14 +48,7 @@ def _results(run, name):
 
 
 def _notebook_page(ipynb, dest, nav):
-    exporter = HTMLExporter(
-        extra_template_basedirs=[str(pages.TEMPLATES)],
-        template_name="nbpage",
-        exclude_input_prompt=True,
-        exclude_output_prompt=True,
-    )
-    body, _ = exporter.from_notebook_node(nbformat.read(ipynb, 4), resources={"site_nav": nav})
-    write_text(dest, body)
+    write_text(dest, pages.notebook_html(ipynb, "nbpage", resources={"site_nav": nav}))
 
 
 def _environment(run, records):

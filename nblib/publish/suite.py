@@ -6,7 +6,7 @@ papermill's own success is not enough, since a cell timeout leaves no error in t
 A failed notebook stops the run, is marked failed with its failing cell, and earlier results stay.
 
 With lanes (`--lanes N`), notebooks 00 to 04 run in N processes side by side, one GPU each on CUDA
-(CUDA_VISIBLE_DEVICES), so the H200 suite fits one device call on a two-GPU machine; each lane's
+(CUDA_VISIBLE_DEVICES), so the H200 suite finishes in about half the time on a two-GPU machine; each lane's
 notebooks still run in order, and 05 runs last because it reads every result.
 """
 
@@ -21,9 +21,7 @@ import threading
 import time
 from pathlib import Path
 
-import nbformat
 import papermill as pm
-from nbconvert import HTMLExporter
 from tqdm.auto import tqdm
 
 from nblib.core.files import write_json, write_text
@@ -209,10 +207,7 @@ def _results(out, name):
 
 
 def _render_html(nb_path, html_path):
-    body, _ = HTMLExporter(
-        exclude_input=True, exclude_input_prompt=True, exclude_output_prompt=True
-    ).from_notebook_node(nbformat.read(nb_path, 4))
-    write_text(html_path, body)
+    write_text(html_path, pages.notebook_html(nb_path, exclude_input=True))
 
 
 def _record(out, rec, params):

@@ -164,7 +164,7 @@ def gediff_explorer(dev, model, buckets, workload, logits_policy="transient", se
         p.show(
             plots.design_rates(rows, [f.model_dump() for f in why.findings]),
             [
-                ("each arm on the protocol", html_table(rows, DESIGN_COLUMNS)),
+                ("each arm on the protocol", html_table(rows, designs.COLUMNS)),
                 (f"the evidence by bucket ({result.method})", html_table(mech)),
             ],
         )
@@ -175,12 +175,6 @@ def gediff_explorer(dev, model, buckets, workload, logits_policy="transient", se
     p.on_click(run)
     step.observe(draw, "value")
     return p
-
-
-DESIGN_COLUMNS = [
-    "design", "runs", "corrupted_sessions", "sessions", "fisher_p", "comparisons", "diverged",
-    "planted_caught", "hazards", "pairs",
-]  # fmt: skip
 
 
 # -- 03 ------------------------------------------------------------------------------------------

@@ -43,6 +43,13 @@ ARM_NOTES = {
 }
 
 
+# the designs table, as notebook 02, its live panel and the writeup show it
+COLUMNS = [
+    "design", "runs", "corrupted_sessions", "sessions", "lo", "hi", "fisher_p", "dispersion_p",
+    "comparisons", "diverged", "max_abs", "planted_caught", "hazards", "pairs",
+]  # fmt: skip
+
+
 def check_arms(arms):
     bad = [a for a in arms if a not in ARMS]
     if bad or "off" not in arms:

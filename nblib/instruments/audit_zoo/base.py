@@ -12,7 +12,7 @@ RAW, WAR, WAW = "read-after-write", "write-after-read", "write-after-write"
 @dataclass(frozen=True)
 class Case:
     name: str
-    covers: str  # which pattern of issue 13's list
+    covers: str  # which hazard pattern of the zoo's list it plants
     kinds: tuple  # hazard kinds the planted race shows (any one of them is right)
     build: object  # build(dev, racy) -> [fn, ...] to capture in order, into one pool
 
