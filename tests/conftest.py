@@ -41,3 +41,16 @@ def ci_suite(tmp_path_factory):
     out = tmp_path_factory.mktemp("ci_suite")
     suite.run(ROOT / "params" / "ci.yaml", out, lanes=2)
     return out
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--reverse", action="store_true", help="run the collected tests in reverse order (order-leak check)"
+    )
+
+
+def pytest_collection_modifyitems(config, items):
+    # Reversed, a test that only passes because an earlier one warmed a cache or left state behind
+    # (compiled kernels, graphs awaiting collection) meets the process in a different state.
+    if config.getoption("--reverse"):
+        items.reverse()

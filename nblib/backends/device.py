@@ -6,7 +6,11 @@
     g = dev.CUDAGraph(); with dev.graph(g, pool=dev.graph_pool_handle()): ...; g.replay()
 """
 
+import contextlib
+
 import torch
+
+from nblib.core import collector
 
 BACKENDS = ("cuda", "sim")
 
@@ -22,11 +26,18 @@ class CudaDevice:
         self.CUDAGraph = torch.cuda.CUDAGraph
         self.stream = torch.cuda.stream
         self.current_stream = torch.cuda.current_stream
-        self.graph = torch.cuda.graph
         self.graph_pool_handle = torch.cuda.graph_pool_handle
         self.synchronize = torch.cuda.synchronize
         self.is_current_stream_capturing = torch.cuda.is_current_stream_capturing
         self.manual_seed = torch.cuda.manual_seed
+
+    @staticmethod
+    @contextlib.contextmanager
+    def graph(g, **kwargs):
+        """torch.cuda.graph(g, **kwargs) with the cyclic collector paused while it captures, so that
+        no dead graph from earlier work is destroyed inside this capture (see nblib.core.collector)."""
+        with collector.paused(), torch.cuda.graph(g, **kwargs):
+            yield
 
     def device_name(self):
         return torch.cuda.get_device_name(self.torch_device)
@@ -98,7 +109,7 @@ def cuda_graph_seconds(fn, replays, warmup=10):
         fn()
     torch.cuda.current_stream().wait_stream(s)
     g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
+    with collector.paused(), torch.cuda.graph(g):
         fn()
     from kernels.harness import replay_ms  # lazily: it imports Triton
 

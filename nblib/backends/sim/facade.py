@@ -30,7 +30,7 @@ class SimDevice:
         self.timing = timing or Timing.calibrated()
         self.arena = Arena(arena_chunk_bytes)
         self.record_stacks = True  # Python stacks on allocator events and nodes
-        self.gc_before_capture = False  # torch.cuda.graph runs gc.collect() before capturing
+        self.gc_before_capture = False  # torch.cuda.graph collects first only under force_cudagraph_gc
         self.allocator = CachingAllocator(
             self.arena.segment, context=lambda: python_stack() if self.record_stacks else None
         )

@@ -12,6 +12,7 @@ from nblib.backends.sim.capture import Capture, CaptureMode
 from nblib.backends.sim.ops import warm_up_dispatch_modes
 from nblib.backends.sim.rules import SimCaptureError, invalidate, violation
 from nblib.backends.sim.timing import schedule
+from nblib.core import collector
 
 
 class SimGraph:
@@ -142,14 +143,18 @@ class GraphCtx:
         self.stream = stream if stream is not None else dev._capture_stream()
 
     def __enter__(self):
-        if self.dev.gc_before_capture:  # torch.cuda.graph collects garbage here (~80 ms)
+        if self.dev.gc_before_capture:  # torch.cuda.graph once collected here (~80 ms); now opt-in
             gc.collect()
+        # as the CUDA facade does: no dead graph may be destroyed inside this capture by the collector
+        self._collector = collector.paused()
+        self._collector.__enter__()
         self.prev = self.dev._cur
         self.dev._cur = self.stream
         try:
             self.g.capture_begin(pool=self.pool)
         except BaseException:
             self.dev._cur = self.prev
+            self._collector.__exit__(None, None, None)
             raise
 
     def __exit__(self, et, ev, tb):
@@ -163,6 +168,7 @@ class GraphCtx:
             raise
         finally:
             self.dev._cur = self.prev
+            self._collector.__exit__(None, None, None)
         return False
 
 
