@@ -1,7 +1,8 @@
 """python -m nblib run [--params params/gpu.yaml] [--out outputs/gpu] [--only 00 01] [--lanes 2]
 python -m nblib cells   (rewrite each notebook's parameters cell from the profile schema)
 python -m nblib sweep --params P --grid params/grids/G.yaml [--workers N | --ray auto|local|ADDRESS]
-python -m nblib publish RUN_DIR [--out RUN_DIR/site] [--check]"""
+python -m nblib publish RUN_DIR [--out RUN_DIR/site] [--check]
+python -m nblib audit TARGET [--backend cuda|sim] [--json] [--label L]   (docs/audit.md; exit 0/1/2)"""
 
 import argparse
 import sys
@@ -37,6 +38,11 @@ def main(argv=None):
     p.add_argument(
         "--check", action="store_true", help="open it in headless Chromium; screenshot the landing page"
     )
+    a = sub.add_parser("audit", help="capture one step of your code and name every cross-stream race in it")
+    a.add_argument("target", help="module:function or path/to/file.py:function that returns the step")
+    a.add_argument("--backend", choices=("auto", "cuda", "sim"), default="auto", help="default: cuda if any")
+    a.add_argument("--json", action="store_true", help="print the report as JSON")
+    a.add_argument("--label", help="the name the report gives the capture (default: TARGET)")
     args = ap.parse_args(argv)
     try:
         COMMANDS[args.cmd](args)
@@ -100,7 +106,20 @@ def _publish(args):
             sys.exit("site check failed:\n" + "\n".join(check.problems()))
 
 
-COMMANDS = {"run": _run, "cells": _cells, "sweep": _sweep, "publish": _publish}
+def _audit(args):
+    """Exit 0 clean, 1 a hazard, 2 a failed build or capture, or a bad TARGET (one line, no capture)."""
+    from nblib.instruments import audit_target
+
+    try:
+        rep = audit_target.audit(args.target, args.backend, args.label)
+    except audit_target.TargetError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    print(rep.model_dump_json(indent=2) if args.json else rep.text())
+    sys.exit(rep.exit_code)
+
+
+COMMANDS = {"run": _run, "cells": _cells, "sweep": _sweep, "publish": _publish, "audit": _audit}
 
 if __name__ == "__main__":
     main()
