@@ -1,5 +1,6 @@
 # make suite   the main job: every notebook, headless, on the GPU profile with CUDA, else the simulator
 # make test    lint, then the tests (GPU-only tests are skipped without CUDA, saying so)
+# make test-newest  the version-sensitive tests on the newest torch and Triton (see the target)
 # make lint    ruff check + ruff format --check (the same as .pre-commit-config.yaml)
 # make lab     JupyterLab on notebooks/ with the project's kernel (set INTERACTIVE = True for the panels)
 #
@@ -20,7 +21,7 @@ LAB_ARGS ?=
 .venv/.stamp: pyproject.toml
 	python3 -m venv $(if $(SYSTEM_SITE),--system-site-packages) .venv
 	$(if $(TORCH),$(PY) -m pip install -q '$(TORCH)' $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)))
-	$(PY) -m pip install -q $(if $(TRITON),'$(TRITON)') -e '.[test]'
+	$(PY) -m pip install -q $(if $(TRITON),'$(TRITON)') -e '.[test,engines]'
 	touch $@
 
 suite: .venv/.stamp
@@ -33,6 +34,35 @@ lint: .venv/.stamp
 test: lint
 	$(PY) -m pytest -q
 
+# make test-newest   the newest torch and Triton that pyproject.toml's bounds admit, in a venv of
+# their own (.venv-newest), on the tests of the version-sensitive code: the private-API checks, the
+# kernels in Triton's interpreter and their compile checks, the simulator, the recorder, the audit
+# and the instruments. Left out: the tests that run or read the notebook suite, the site and the lab
+# (they exercise nothing of torch or Triton that the others do not). pip's default index serves the
+# CUDA build of torch (several GB with its CUDA packages). NEWEST_PIP_ENV lifts a machine-wide
+# pip constraint (a pip.conf `constraint`) that caps torch below the newest, for this venv only,
+# and keeps the machine's other pip settings (its indexes); NEWEST_PIP_ENV=PIP_CONFIG_FILE=/dev/null
+# ignores every pip.conf instead.
+NEWEST_PY := .venv-newest/bin/python
+NEWEST_TORCH ?= torch==2.15.0
+NEWEST_TRITON ?= triton==3.9.0
+NEWEST_PIP_ENV ?= PIP_CONSTRAINT=/dev/null
+NEWEST_SKIP ?= test_notebooks.py test_site.py test_figures.py test_lab.py test_sweep.py
+
+.venv-newest/.stamp: pyproject.toml
+	python3 -m venv .venv-newest
+	$(NEWEST_PIP_ENV) $(NEWEST_PY) -m pip install -q '$(NEWEST_TORCH)' '$(NEWEST_TRITON)' -e '.[test,engines]'
+	touch $@
+
+test-newest: .venv-newest/.stamp
+	$(NEWEST_PY) -c "import torch, triton; print('test-newest: torch', torch.__version__, 'triton', triton.__version__)"
+	$(NEWEST_PY) -m pytest -q $(addprefix --ignore=tests/,$(NEWEST_SKIP))
+
+# the suite, then its speed table (each notebook's wall and phase times) beside the previous one of
+# this machine: outputs/bench-suite/<machine>-<commit>/speed.md
+bench-suite: .venv/.stamp
+	$(PY) -m nblib run --bench $(if $(PARAMS),--params $(PARAMS)) $(if $(LANES),--lanes $(LANES))
+
 bench: .venv/.stamp
 	$(PY) -m kernels --check --bench --out outputs/bench
 
@@ -41,4 +71,4 @@ bench: .venv/.stamp
 lab: .venv/.stamp
 	$(PY) -m jupyterlab --ServerApp.root_dir=notebooks $(if $(filter 0,$(shell id -u)),--allow-root) $(LAB_ARGS)
 
-.PHONY: suite lint test bench lab
+.PHONY: suite lint test test-newest bench bench-suite lab

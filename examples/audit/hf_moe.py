@@ -127,6 +127,7 @@ class DecodeStep:
 
         if model not in CONFIGS or form not in FORMS:
             raise ValueError(f"model must be one of {', '.join(CONFIGS)} and form one of {', '.join(FORMS)}")
+        self.__qualname__ = f"DecodeStep({model}, {form})"  # how a capture failure names the step
         torch.manual_seed(seed)
         cfg = CONFIGS[model]()
         self.model = AutoModelForCausalLM.from_config(cfg, dtype=dtype).to(dev.torch_device).eval()

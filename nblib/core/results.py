@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from nblib.core import phases
 from nblib.core.files import write_json
 from nblib.core.paths import ROOT
 
@@ -75,6 +76,11 @@ class Results:
         return self.data[key]
 
     def finish(self):
+        """Record the phase times of the process-wide clock (nblib.setup started it), then status ok."""
+        clock = phases.clock()
+        wall = clock.wall()
+        self.data["wall_seconds"] = round(wall, 3)
+        self.data["phases"] = [p.model_dump() for p in clock.times(wall)]
         self.data["status"] = "ok"  # last, on purpose
         write_json(self.path, self.data)
         return self.path

@@ -10,6 +10,7 @@ from typing import NamedTuple
 
 import torch
 
+from nblib.core import phases
 from nblib.engine.model import PAGE, DecodeModel, ModelConfig
 from nblib.engine.workload import WorkloadConfig, in_bucket, run_sessions
 
@@ -17,7 +18,9 @@ from nblib.engine.workload import WorkloadConfig, in_bucket, run_sessions
 def model(dev, shapes, **knobs):
     """A DecodeModel from a profile's `model` dict (shapes) and the knobs (index_dtype, overlap,
     logits_policy); ModelConfig checks both and fails in one line on a bad value."""
-    return DecodeModel(ModelConfig(**shapes, **knobs), dev)
+    cfg = ModelConfig(**shapes, **knobs)
+    with phases.phase("setup"):
+        return DecodeModel(cfg, dev)
 
 
 class BucketRun(NamedTuple):

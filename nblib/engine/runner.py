@@ -9,6 +9,7 @@ import contextlib
 
 import torch
 
+from nblib.core import phases
 from nblib.engine.model import PAGE
 
 SCRATCH_SLOT = PAGE - 1  # page 0, last slot: where rows with nothing to store write
@@ -55,9 +56,11 @@ class StaticBatch:
 
 class Runner:
     """mode "graph": replay the bucket's captured graph; mode "eager": run the step eagerly
-    on the same padded batch (eager decode never forks streams)."""
+    on the same padded batch (eager decode never forks streams). references: a
+    nblib.engine.references.References shared with other runners of the same workload, so each
+    step's eager reference is computed once (None: run_sessions computes every one)."""
 
-    def __init__(self, model, buckets, mode="graph"):
+    def __init__(self, model, buckets, mode="graph", references=None):
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r}: choose one of {', '.join(MODES)}")
         self.model, self.dev, self.mode = model, model.dev, mode
@@ -65,6 +68,7 @@ class Runner:
         self.max_pages = model.cfg.max_ctx // PAGE
         self.static = {b: StaticBatch(b, self.max_pages, self.dev.torch_device) for b in self.buckets}
         self.graphs = {}
+        self.references = references
 
     def capture(self, record=None, keep_graph=False):
         """Warm up each bucket eagerly, then capture largest first into one shared pool.
@@ -72,6 +76,10 @@ class Runner:
         keep_graph: keep CUDA's graph after instantiation, so it can be read back (audit_graph)."""
         if self.mode != "graph":
             return self
+        with phases.phase("capture"):
+            return self._capture(record, keep_graph)
+
+    def _capture(self, record, keep_graph):
         dev, model = self.dev, self.model
         model.captures = []
         self.pool = dev.graph_pool_handle()

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from nblib.core import phases
 from nblib.engine.model import PAGE
 from nblib.engine.runner import SCRATCH_SLOT, bucket_for
 
@@ -149,12 +150,14 @@ def run_sessions(runner, w: WorkloadConfig, instruments=()):
             lens.append(max(1, s.c4_len))
             stores.append(store)
         sids = torch.tensor([s.sid for s in batch])
-        args = (
-            torch.tensor(tokens, device=d),
-            tables[sids].to(d),
-            torch.tensor(lens, dtype=torch.int32, device=d),
-            torch.tensor(stores, device=d),
+        # built on the host, then moved: the references' digest reads the host copies (no sync)
+        host = (
+            torch.tensor(tokens),
+            tables[sids],
+            torch.tensor(lens, dtype=torch.int32),
+            torch.tensor(stores),
         )
+        args = tuple(x.to(d) for x in host)
         if instruments:
             step = dict(
                 index=len(steps),
@@ -166,15 +169,19 @@ def run_sessions(runner, w: WorkloadConfig, instruments=()):
                 store_slots=args[3],
                 live_pages=_live_pages(waiting, active, thinking),
             )
-            for ins in instruments:
-                ins.before(step)
-            out, topk, bucket = runner.run(*args)
-            for ins in instruments:
-                ins.after(step)
-            ref_out, ref_topk = runner.reference(*args)
+            with phases.phase("instruments"):
+                for ins in instruments:
+                    ins.before(step)
+            with phases.phase("replays"):
+                out, topk, bucket = runner.run(*args)
+            with phases.phase("instruments"):
+                for ins in instruments:
+                    ins.after(step)
+            ref_out, ref_topk = _reference(runner, w, len(steps), args, host)
         else:
-            ref_out, ref_topk = runner.reference(*args)
-            out, topk, bucket = runner.run(*args)
+            ref_out, ref_topk = _reference(runner, w, len(steps), args, host)
+            with phases.phase("replays"):
+                out, topk, bucket = runner.run(*args)
         bad = (topk != ref_topk).any(1)
         scale = ref_out.float().abs().amax(1).clamp(min=1.0)
         bad |= (out.float() - ref_out.float()).abs().amax(1) > w.out_tol * scale
@@ -219,6 +226,14 @@ def run_sessions(runner, w: WorkloadConfig, instruments=()):
         corrupted_ids=sorted(corrupted),
         step_log=steps,
     )
+
+
+def _reference(runner, w, index, args, host):
+    """The step's eager reference: from the runner's References when it has one."""
+    with phases.phase("eager references"):
+        if getattr(runner, "references", None) is None:
+            return runner.reference(*args)
+        return runner.references.get(runner, w, index, args, host)
 
 
 def in_bucket(result, bucket):

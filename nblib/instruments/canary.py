@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from kernels import checksum as ck
-from nblib.engine import build
+from nblib.engine import build, references
 from nblib.engine.model import PAGE
 from nblib.engine.runner import Runner
 
@@ -339,7 +339,7 @@ def watch(
     rows = []
     for overlap in overlaps:
         m = build.model(dev, model, index_dtype=index_dtype, overlap=overlap, logits_policy=logits_policy)
-        runner = Runner(m, buckets, "graph").capture()
+        runner = Runner(m, buckets, "graph", references=references.shared()).capture()
         for b in sorted(buckets):
             m.index_cache.zero_()
             m.kv_cache.zero_()  # a fresh engine: the last run's entries would

@@ -12,6 +12,7 @@ import gc
 import statistics
 import time
 
+from nblib.core import phases
 from nblib.engine import build
 from nblib.engine.build import full_batch
 from nblib.engine.runner import Runner
@@ -87,6 +88,15 @@ def replay_times(
     unknown = [i for i in instruments if i not in INSTRUMENTS]
     if unknown or instruments[:1] != ("neither",):
         raise ValueError(f"instruments must start with 'neither' and come from {INSTRUMENTS}")
+    with phases.phase("timing"):
+        return _replay_times(
+            dev, model, bucket, replays, warmup, index_dtype, overlap, logits_policy, seed, instruments
+        )
+
+
+def _replay_times(
+    dev, model, bucket, replays, warmup, index_dtype, overlap, logits_policy, seed, instruments
+):
     method, measure = timer(dev)
     out = []
     for name in instruments:

@@ -10,6 +10,7 @@ heavy), opens the device, seeds it, and starts results.json with the parameters 
 from typing import NamedTuple
 
 from nblib.backends import device
+from nblib.core import phases
 from nblib.core.results import Results
 from nblib.publish import params
 
@@ -29,7 +30,11 @@ def setup(notebook, namespace, fixed=None):
     if missing:
         raise ValueError(f"notebook {notebook} lacks parameter {missing[0]!r}: run its parameters cell first")
     applied = params.validate({k: namespace[k] for k in keys}, f"notebook {notebook}", keys)
-    dev = device.get(applied["backend"])
+    clock = phases.start()  # results.json records where the notebook's time went (Results.finish)
+    with clock.phase("setup"):
+        dev = device.get(applied["backend"])
+    # phases end with a device synchronize (CUDA queues work), never inside a capture
+    clock.sync, clock.capturing = dev.synchronize, dev.is_current_stream_capturing
     if "seed" in applied:
         dev.manual_seed(applied["seed"])  # the simulator's replay timing; CUDA's RNG
     res = Results(notebook, applied["output_dir"], dev, applied, fixed)

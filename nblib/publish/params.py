@@ -142,6 +142,7 @@ DECLARES = {
     "03_stream_overlap": (*_RUN, "index_dtypes", "overlaps", "logits_policy", *_NB),
     "04_persistent_buffer_fix": (*_RUN, "index_dtypes", "fix_target", "timing_replays", *_NB),
     "05_report": ("backend", *_NB),
+    "06_audit_your_engine": ("backend", "seed", *_NB),
 }
 assert tuple(DECLARES) == NOTEBOOKS, "one DECLARES entry per notebook, in order"
 

@@ -24,6 +24,7 @@ from pathlib import Path
 import papermill as pm
 from tqdm.auto import tqdm
 
+from nblib.core import phases
 from nblib.core.files import write_json, write_text
 from nblib.core.paths import NOTEBOOK_DIR, NOTEBOOKS, ROOT
 from nblib.publish import pages
@@ -58,6 +59,9 @@ def run(params_path=None, out=None, only=None, timeout=1800, lanes=1):
     params_path = Path(params_path or P.default_profile())
     profile = P.load(params_path)  # one line naming the bad key, before anything runs
     dev = P.resolve_backend(profile["backend"])  # a missing GPU fails here, in one line
+    note = tuning_note(params_path, dev)
+    if note:
+        print(note)
     plan = lane_plan(notebooks, lanes)
     gpus = _lane_gpus(dev, len(plan)) if len(plan) > 1 else []
     out = output_dir(params_path, out)
@@ -70,6 +74,23 @@ def run(params_path=None, out=None, only=None, timeout=1800, lanes=1):
     with _stop_on_sigterm():
         records = _run_each(notebooks, profile, params_path, out, timeout) or records
     return records
+
+
+TUNED_ON = "H200"  # the GPU params/gpu.yaml's trunk depth was measured on
+
+
+def tuning_note(params_path, dev):
+    """One line when the gpu profile runs on a CUDA GPU other than the one it was tuned on: the race
+    is intermittent at a trunk depth set by the GPU's timing, so there it lies elsewhere."""
+    if dev.name != "cuda" or Path(params_path).resolve() != (ROOT / "params" / "gpu.yaml").resolve():
+        return None
+    name = dev.device_name()
+    if TUNED_ON in name:
+        return None
+    return (
+        f"note: params/gpu.yaml was tuned on an NVIDIA {TUNED_ON} and this GPU is {name}; "
+        "`python -m nblib window --params params/gpu.yaml` tunes it for this GPU"
+    )
 
 
 class Stopped(BaseException):
@@ -127,9 +148,11 @@ def _run_each(notebooks, profile, params_path, out, timeout):
             backend=res.get("backend"),
             device=res.get("device"),
             commit=res.get("commit"),
+            wall_seconds=res.get("wall_seconds"),  # setup to finish, inside the kernel
+            phases=res.get("phases") or [],
         )
         if dest.exists():
-            _render_html(dest, out / rec["html"])
+            rec["phases"] = rec["phases"] + [_render_html(dest, out / rec["html"]).model_dump()]
         records = _record(out, rec, shown_path(params_path))
         if rec["status"] != "ok":
             bar.close()
@@ -207,7 +230,11 @@ def _results(out, name):
 
 
 def _render_html(nb_path, html_path):
-    write_text(html_path, pages.notebook_html(nb_path, exclude_input=True))
+    """Render the executed notebook; returns the time it took, as the nbconvert phase."""
+    clock = phases.PhaseClock()
+    with clock.phase("nbconvert"):
+        write_text(html_path, pages.notebook_html(nb_path, exclude_input=True))
+    return clock.times()[0]
 
 
 def _record(out, rec, params):

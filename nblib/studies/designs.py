@@ -26,8 +26,8 @@ import statistics
 
 from pydantic import BaseModel, Field
 
-from nblib.core import stats
-from nblib.engine import build
+from nblib.core import phases, stats
+from nblib.engine import build, references
 from nblib.engine.runner import Runner
 from nblib.instruments import audit
 from nblib.instruments.canary import Canary
@@ -182,10 +182,12 @@ def run_arm(dev, shapes, buckets, workload, arm, seeds, knobs, replays=20, progr
     m = build.model(dev, shapes, **knobs)
     gd = GEDiff(m, design=arm) if arm in DESIGNS else None
     with audit.recording(dev) as rec:
-        runner = Runner(m, buckets).capture(record=rec)
-    report = rec.report(names=m.captures)
+        runner = Runner(m, buckets, references=references.shared()).capture(record=rec)
+    with phases.phase("audit"):
+        report = rec.report(names=m.captures)
     proto = protocol.run(runner, workload, seeds, _instruments(arm, m, gd), progress, label=f"{arm}: ")
-    mech, method = _mechanisms(dev, m, report, buckets, replays, seeds[0])
+    with phases.phase("timing"):
+        mech, method = _mechanisms(dev, m, report, buckets, replays, seeds[0])
     return proto, gd, mech, method
 
 

@@ -20,8 +20,8 @@ import math
 import statistics
 from functools import partial
 
-from nblib.core import stats
-from nblib.engine import build
+from nblib.core import phases, stats
+from nblib.engine import build, references
 from nblib.engine.build import full_batch
 from nblib.engine.runner import Runner
 from nblib.instruments.overhead import timed, timer
@@ -56,7 +56,7 @@ def _model(dev, model, variant, index_dtype):
 def run_variant(dev, model, buckets, workload, variant, sessions=None, index_dtype="bf16", progress=print):
     """Corruption rows for one variant: {bucket: sessions} (or None: the workload's own) per bucket."""
     m = _model(dev, model, variant, index_dtype)
-    runner = Runner(m, buckets, "graph").capture()
+    runner = Runner(m, buckets, "graph", references=references.shared()).capture()
     rows = []
     for b in sorted(buckets):
         n = (sessions or {}).get(b, workload["sessions"])
@@ -125,7 +125,8 @@ def audits(dev, model, buckets, variants, index_dtype="bf16"):
         m = _model(dev, model, v, index_dtype)
         with audit.recording(dev) as rec:
             Runner(m, buckets, "graph").capture(record=rec)
-        out[v] = rec.report(names=m.captures)
+        with phases.phase("audit"):
+            out[v] = rec.report(names=m.captures)
         del m
         gc.collect()
     return out
@@ -141,6 +142,11 @@ def step_times(
     timed (clocks, heat, another process's load on the host that launches the replays) falls on
     every variant alike, so their ratios compare like with like. measure: a timer from
     overhead.timer (default: the device's own)."""
+    with phases.phase("timing"):
+        return _step_times(dev, model, buckets, variants, replays, warmup, index_dtype, seed, measure)
+
+
+def _step_times(dev, model, buckets, variants, replays, warmup, index_dtype, seed, measure):
     method, measure = timer(dev) if measure is None else ("given", measure)
     runners = {}
     for v in variants:  # every variant captured first: all their graphs are live together
@@ -186,6 +192,11 @@ def branch_fns(m, batch):
 def branches(dev, model, buckets, replays=50, warmup=5, index_dtype="bf16", seed=0):
     """Each branch timed alone (eager, one stream) on the same full batch. The overlap can hide at
     most the shorter one."""
+    with phases.phase("timing"):
+        return _branches(dev, model, buckets, replays, warmup, index_dtype, seed)
+
+
+def _branches(dev, model, buckets, replays, warmup, index_dtype, seed):
     _, measure = timer(dev)
     m = _model(dev, model, "overlap off", index_dtype)
     rows = []
@@ -335,7 +346,7 @@ def overlap_story(speed_rows, branch_rows):
     else:
         text = (
             f"the overlap helps at no bucket (none is {100 * HELPS:g}% faster with it): "
-            f"{detail}. Run side by side, the two branches share the GPU, and the shorter one is "
+            f"{detail}. Run side by side, the two branches share the device, and the shorter one is "
             f"not hidden behind the longer."
         )
     return rows, text

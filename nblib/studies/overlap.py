@@ -14,7 +14,7 @@ import json
 import time
 from pathlib import Path
 
-from nblib.core import results
+from nblib.core import phases, results
 from nblib.engine import build
 from nblib.engine.model import HANDS_LOGITS_ACROSS, LOGITS_POLICIES, check_choice
 from nblib.engine.runner import Runner
@@ -32,7 +32,8 @@ def audit_model(dev, model, buckets, index_dtype, overlap, logits_policy, keep_g
     with audit.recording(dev) as rec:
         runner.capture(record=rec, keep_graph=keep_graph)
     seconds = time.perf_counter() - t0
-    return rec.report(names=m.captures), runner, seconds
+    with phases.phase("audit"):
+        return rec.report(names=m.captures), runner, seconds
 
 
 def graph_rows(rep, runner, config):
@@ -40,7 +41,8 @@ def graph_rows(rep, runner, config):
     the graph confirms (no path between the two ops' nodes) or contradicts, unordered overlapping
     pairs the audit missed, audited ops the graph lacks."""
     graphs = [runner.graphs[tr.label["bucket"]][0] for tr in rep.traces]
-    checked = audit_graph.rows(rep, graphs)
+    with phases.phase("audit"):
+        checked = audit_graph.rows(rep, graphs)
     return [dict(config, bucket=tr.label["bucket"], **r) for tr, r in zip(rep.traces, checked)]
 
 
@@ -81,7 +83,9 @@ def graph_verdict(graph, zoo):
 def zoo_rows(dev):
     """The audit's zoo (planted races and their twins) audited and read back, one row per scenario."""
     out = []
-    for r in audit_zoo.run(dev, keep_graph=True):
+    with phases.phase("audit"):
+        zoo = audit_zoo.run(dev, keep_graph=True)
+    for r in zoo:
         checks = audit_zoo.graph_check(r)
         d = {k: r.as_dict()[k] for k in ("case", "variant", "expected", "reported", "right")}
         d["graph_agrees"] = bool(checks) and all(c.get("agree") for c in checks)

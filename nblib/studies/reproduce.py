@@ -11,7 +11,7 @@ import gc
 import time
 
 from nblib.core import stats
-from nblib.engine import build
+from nblib.engine import build, references
 from nblib.engine.model import INDEX_DTYPES, LOGITS_POLICIES, OVERLAPS, check_choice
 from nblib.engine.runner import MODES, Runner, check_buckets
 from nblib.studies import protocol
@@ -58,7 +58,7 @@ def corruption_matrix(
             m = build.model(dev, model, index_dtype=dtype, overlap=overlap, logits_policy=logits_policy)
             for mode in modes:
                 t0 = time.perf_counter()
-                runner = Runner(m, buckets, mode).capture()
+                runner = Runner(m, buckets, mode, references=references.shared()).capture()
                 if mode == "graph":
                     aliases += [dict(index_dtype=dtype, overlap=overlap, **a) for a in runner.aliases()]
                 for b in buckets:
@@ -245,9 +245,31 @@ def window_table(steps, bins=6):
     return out
 
 
-def verdict(fp, rows):
+def _quiet(quiet, aliases):
+    """Buckets where the corrupting configuration never corrupted, and why that is expected: no
+    block handed across at that size (the layout), or one handed across that no step reached in
+    time (the window). Without the aliases, only the first reason can be named, as a possibility."""
+    if not quiet:
+        return ""
+    shared = {a["bucket"] for a in aliases or [] if a["index_dtype"] == "bf16" and a["overlap"] == "on"}
+    name = lambda c: f"{c['check'].rsplit(', ', 1)[1]} 0/{c['sessions']}"
+    if aliases is None:
+        return " Buckets where bf16 + graph + overlap on never corrupted (the alias depends on sizes): " + (
+            "; ".join(name(c) for c in quiet) + "."
+        )
+    layout = [name(c) for c in quiet if int(c["check"].rsplit(" ", 1)[1]) not in shared]
+    window = [name(c) for c in quiet if int(c["check"].rsplit(" ", 1)[1]) in shared]
+    s = " Buckets where bf16 + graph + overlap on never corrupted, as expected:"
+    s += f" {'; '.join(layout)} (no block handed across at that size)" if layout else ""
+    s += ";" if layout and window else ""
+    s += f" {'; '.join(window)} (a block handed across, but no step outlasted the window)" if window else ""
+    return s + "."
+
+
+def verdict(fp, rows, aliases=None):
     """One sentence from the measured fingerprint; it says so when the data disagree with it, and
-    names any bucket > 1 where the corrupting configuration never corrupted."""
+    names any bucket > 1 where the corrupting configuration never corrupted, with why: given the
+    aliases (corruption_matrix's), whether a freed block was handed across there at all."""
     corrupt = [r for r in rows if r["corrupted_sessions"]]
     where = (
         ", ".join(
@@ -270,13 +292,7 @@ def verdict(fp, rows):
     )
     quiet = [c for c in fp if c["scope"] == "bucket" and c["holds"] is False]
     unreached = [c["check"].rsplit(", ", 1)[1] for c in fp if c["scope"] == "bucket" and c["holds"] is None]
-    tail = (
-        " Buckets where bf16 + graph + overlap on never corrupted (the alias depends on sizes): "
-        + "; ".join(f"{c['check'].rsplit(', ', 1)[1]} 0/{c['sessions']}" for c in quiet)
-        + "."
-        if quiet
-        else ""
-    )
+    tail = _quiet(quiet, aliases)
     if unreached:
         tail += f" Not measured (no step filled the bucket): {', '.join(unreached)}."
     return f"{head}: corrupted sessions {where}. Clean checks: {bounds}.{tail}"

@@ -1,0 +1,159 @@
+"""The suite's speed table: each notebook's wall time and phase times on this machine, beside the
+previous table of the same machine, so a regression shows as a ratio.
+
+    python -m nblib run --bench          # make bench-suite: the suite, then the table
+    -> outputs/bench-suite/<machine>-<commit>/speed.md and speed.json (atomic writes)
+
+The phases come from each notebook's results.json (nblib.core.phases: setup, capture, replays,
+eager references, instruments, audit, timing, figures, other) and the suite's own nbconvert time;
+every figure is measured by the run, none is carried over. "previous" is the newest other table
+of the same machine label under outputs/bench-suite/.
+"""
+
+import os
+import re
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from nblib.core import results
+from nblib.core.files import write_json, write_text
+from nblib.core.paths import ROOT
+
+BENCH_DIR = ROOT / "outputs" / "bench-suite"
+SHOWN = (
+    "setup",
+    "capture",
+    "replays",
+    "eager references",
+    "instruments",
+    "audit",
+    "timing",
+    "nbconvert",
+    "other",
+)
+
+
+class NotebookSpeed(BaseModel):
+    notebook: str
+    status: str
+    seconds: float  # the suite's wall time for the notebook: kernel start to HTML
+    cpu_seconds: float  # the kernel's CPU time over its phases (nbconvert's in the suite's process)
+    phases: dict[str, float]  # phase -> wall seconds
+    ratio: float | None = None  # seconds over the previous table's, same notebook
+
+
+class SpeedTable(BaseModel):
+    machine: str
+    commit: str
+    profile: str
+    total_seconds: float
+    notebooks: list[NotebookSpeed]
+    previous: str | None = None  # the folder of the table compared with
+    total_ratio: float | None = None
+
+
+def machine_label(backend):
+    """A label that names the hardware, not the host: the GPU's name on CUDA, else the CPU count."""
+    if backend == "cuda":
+        import torch
+
+        name = torch.cuda.get_device_name()
+    else:
+        name = f"cpu{os.cpu_count()}"
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+
+
+def speeds(records):
+    """One NotebookSpeed per index.json record, in notebook order."""
+    out = []
+    for r in sorted(records, key=lambda r: r["notebook"]):
+        ph = r.get("phases") or []
+        out.append(
+            NotebookSpeed(
+                notebook=r["notebook"],
+                status=r["status"],
+                seconds=r.get("seconds") or 0.0,
+                cpu_seconds=round(sum(p.get("cpu_seconds", 0.0) for p in ph), 2),
+                phases={p["name"]: p["seconds"] for p in ph},
+            )
+        )
+    return out
+
+
+def previous_table(machine, here, root=BENCH_DIR):
+    """The newest speed.json of `machine` under root, other than the folder `here`."""
+    found = [
+        p
+        for p in Path(root).glob(f"{machine}-*/speed.json")
+        if p.parent.resolve() != Path(here).resolve() and p.parent.name.startswith(f"{machine}-")
+    ]
+    if not found:
+        return None
+    newest = max(found, key=lambda p: p.stat().st_mtime)
+    return SpeedTable.model_validate_json(newest.read_text()), newest.parent
+
+
+def build(records, backend, profile, root=BENCH_DIR):
+    """The table of this run, with ratios to the previous table of the same machine."""
+    machine, commit = machine_label(backend), results.commit()
+    folder = Path(root) / f"{machine}-{commit[:12].replace('+', '-')}"
+    rows = speeds(records)
+    table = SpeedTable(
+        machine=machine,
+        commit=commit,
+        profile=profile,
+        total_seconds=round(sum(r.seconds for r in rows), 1),
+        notebooks=rows,
+    )
+    prev = previous_table(machine, folder, root)
+    if prev is not None:
+        old, where = prev
+        before = {r.notebook: r.seconds for r in old.notebooks}
+        for r in rows:
+            r.ratio = round(r.seconds / before[r.notebook], 3) if before.get(r.notebook) else None
+        table.previous = where.name
+        table.total_ratio = round(table.total_seconds / old.total_seconds, 3) if old.total_seconds else None
+    return table, folder
+
+
+def markdown(table: SpeedTable):
+    """The table as markdown: a row per notebook, its wall time, ratio, CPU time and phases."""
+    head = ["notebook", "status", "seconds", "vs previous", "cpu s", *SHOWN]
+    lines = [
+        f"# Suite speed: {table.machine}, commit {table.commit}, profile {table.profile}",
+        "",
+        f"Total {table.total_seconds:.1f} s"
+        + (
+            f" ({table.total_ratio:.2f}x of {table.previous})"
+            if table.total_ratio
+            else " (no previous table)"
+        ),
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "---|" * len(head),
+    ]
+    for r in table.notebooks:
+        cells = [r.notebook, r.status, f"{r.seconds:.1f}", f"{r.ratio:.2f}x" if r.ratio else "-"]
+        cells += [f"{r.cpu_seconds:.1f}"] + [f"{r.phases[p]:.1f}" if p in r.phases else "-" for p in SHOWN]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def text(records):
+    """The per-notebook phase table the run prints (wall seconds per phase)."""
+    rows = speeds(records)
+    head = f"{'notebook':26s} {'seconds':>8s} " + " ".join(f"{p[:10]:>10s}" for p in SHOWN)
+    body = [
+        f"{r.notebook:26s} {r.seconds:8.1f} " + " ".join(f"{r.phases.get(p, 0.0):10.1f}" for p in SHOWN)
+        for r in rows
+    ]
+    return "\n".join([head, *body])
+
+
+def write(records, backend, profile, root=BENCH_DIR):
+    """Write speed.json and speed.md (atomically) into outputs/bench-suite/<machine>-<commit>/."""
+    table, folder = build(records, backend, profile, root)
+    write_json(folder / "speed.json", table.model_dump())
+    write_text(folder / "speed.md", markdown(table))
+    return table, folder

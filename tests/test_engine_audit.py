@@ -1,0 +1,208 @@
+"""Notebook 06's targets: transformers' own MoE decoders with the shared expert forked onto a side
+stream (examples/audit/hf_moe.py), audited through nblib.instruments.audit_target on the simulator;
+the study behind the notebook (nblib.studies.engines); and the table of scripts/gpu_audit_anchors.py,
+built from fake child results."""
+
+import importlib.util
+
+import pytest
+import torch
+
+from nblib.backends.device import get
+from nblib.core.paths import ROOT
+from nblib.instruments import audit_target as AT
+from nblib.studies import engines
+
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+MODELS = ("qwen2_moe", "deepseek_v3")
+FIXES = ("record_stream", "hold_until_join")
+
+
+def _audit(target, backend="sim"):
+    return AT.audit(f"{engines.HF}:{target}", device=get(backend))
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_the_buggy_form_has_exactly_the_shared_expert_race(model):
+    rep = _audit(model)
+    assert rep.status == "hazards" and rep.exit_code == 1 and rep.hazards
+    for h in rep.hazards:
+        first, second = h.first, h.second
+        # the side stream's shared expert reads the normed states ...
+        assert (h.kind, first.op, first.stream, first.access) == (
+            "write-after-read",
+            "aten::mm",
+            "side",
+            "reads",
+        )
+        assert first.at.function == "shared_expert" and first.at.file.endswith("hf_moe.py")
+        assert first.called_from[0].code.startswith("shared = shared_expert(layer.mlp, hidden_states)")
+        # ... which main allocated, and whose last name the routed experts' output took before the join
+        t = first.tensor
+        assert t.stream == "main" and t.freed
+        assert t.allocated_at.code.startswith("hidden_states = layer.post_attention_layernorm(hidden_states)")
+        assert t.freed_at.code.startswith("hidden_states = routed_experts(layer.mlp, hidden_states)")
+        # main's residual add writes a new tensor in the same bytes
+        assert (second.op, second.stream, second.access) == ("aten::add", "main", "writes")
+        assert second.at.code.startswith("hidden_states = residual + hidden_states")
+        assert h.reused and second.tensor.allocated_at.line == second.at.line
+    assert len({(h.first.tensor.name, h.second.tensor.name) for h in rep.hazards}) == 1
+
+
+@pytest.mark.parametrize("fix", FIXES)
+@pytest.mark.parametrize("model", MODELS)
+def test_each_fixed_form_is_clean(model, fix):
+    rep = _audit(f"{model}_{fix}")
+    assert (rep.status, rep.exit_code, rep.hazards) == ("clean", 0, []) and rep.ops > 100
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_the_wrapper_computes_what_the_library_computes(model):
+    """The overlap changes where the shared expert runs, not what the layer returns."""
+    hf_moe = AT.load(f"{engines.HF}:qwen2_moe").fn.__globals__
+    step = hf_moe["DecodeStep"](get("sim"), model, "buggy")
+    step()  # the cache's lazy allocation; then both runs write the same position over the same cache
+    step.rewind()
+    patched = step().clone()
+    for layer in step.model.model.layers:
+        del layer.forward  # the library's own forward again
+    step.rewind()
+    torch.testing.assert_close(step(), patched, rtol=1e-5, atol=1e-5)
+
+
+def test_without_a_cache_the_simulator_meets_transformers_host_check():
+    """transformers skips its packed-sequence check when torch.cuda says a capture is underway; the
+    simulator cannot answer torch.cuda, so the check's .all() breaks the capture with rule sync."""
+    (f,) = engines.sim_gap(["sim"])
+    assert (f.status, f.rule) == ("failed", "sync")
+    assert "masking_utils.py" in f.failure and "find_packed_sequence_indices" in f.failure
+
+
+def test_the_study_audits_and_replays_every_form():
+    findings, rows, reports = engines.audit_all(engines.TARGETS[:2], ["sim"], replays=3)
+    assert [(f.form, f.status, f.agrees, f.replays) for f in findings] == [
+        ("buggy", "hazards", True, 3),
+        ("record_stream", "clean", True, 3),
+    ]
+    assert rows and all(r.first_at.startswith("hf_moe.py:") and r.reused_by != "-" for r in rows)
+    assert "SharedExpertOverlap" in engines.source("SharedExpertOverlap")
+
+
+def test_the_verdict_names_a_wrong_form():
+    base = dict(model="m", backend="sim", target="t", hazards=0, tensor_pairs=0, ops=1, seconds=0.1)
+    good = engines.Finding(form="buggy", expect="hazards", status="hazards", **{**base, "hazards": 2})
+    bad = engines.Finding(form="record_stream", expect="clean", status="hazards", **base)
+    assert "1 of 1 buggy forms" in engines.verdict([good, bad])
+    assert "nothing in 0 of 1 fixed forms; wrong: m record_stream on sim (hazards)" in engines.verdict(
+        [good, bad]
+    )
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("model", MODELS)
+def test_on_cuda_the_buggy_form_races_and_the_fixes_do_not(model):
+    rep = _audit(model, "cuda")
+    assert rep.status == "hazards"
+    assert all(h.first.stream == "side" and h.first.tensor.freed_at is not None for h in rep.hazards)
+    for fix in FIXES:
+        assert _audit(f"{model}_{fix}", "cuda").status == "clean"
+
+
+# ------------------------------------------------------------------------------------------------
+# scripts/gpu_audit_anchors.py: the table from fake children
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def anchors():
+    spec = importlib.util.spec_from_file_location(
+        "gpu_audit_anchors", ROOT / "scripts" / "gpu_audit_anchors.py"
+    )
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _mark(m, event, target, **cell):
+    return m.MARK + m.json.dumps(dict(event=event, target=target, **({"cell": cell} if cell else {})))
+
+
+def _group(m, tool, names, lines, **kw):
+    return m.ChildResult(tool=tool, group="g", targets=names, stdout="\n".join(lines), **kw)
+
+
+def test_the_anchor_table_from_fake_children(anchors):
+    m = anchors
+    a, b = m.Spec(name="A", group="g", expect="race"), m.Spec(name="B", group="g", expect="clean")
+    clean = dict(verdict="clean", detail="1 graph(s) captured", seconds=0.5)
+    results = [
+        _group(
+            m, "audit", ["A"], [_mark(m, "start", "A"), _mark(m, "end", "A", verdict="race", seconds=0.2)]
+        ),
+        _group(
+            m, "audit", ["B"], [_mark(m, "start", "B"), _mark(m, "end", "B", verdict="race", seconds=0.2)]
+        ),
+        # memcheck: a report between A's markers makes A a race; B ran clean
+        _group(
+            m,
+            "memcheck",
+            ["A", "B"],
+            [
+                _mark(m, "start", "A"),
+                "========= Invalid __global__ read of size 4 bytes",
+                _mark(m, "end", "A", **clean),
+                _mark(m, "start", "B"),
+                _mark(m, "end", "B", **clean),
+                "========= ERROR SUMMARY: 1 error",
+            ],
+        ),  # fmt: skip
+        # racecheck ran past its timeout inside B
+        _group(
+            m,
+            "racecheck",
+            ["A", "B"],
+            [_mark(m, "start", "A"), _mark(m, "end", "A", **clean), _mark(m, "start", "B")],
+            timed_out=True,
+        ),  # fmt: skip
+        # the no-caching run died at A with the tool's own error line
+        _group(
+            m,
+            "memcheck-nocache",
+            ["A", "B"],
+            [_mark(m, "start", "A"), "========= Error: process didn't terminate successfully"],
+            returncode=1,
+        ),  # fmt: skip
+        m.ChildResult(tool="csan", group="g", targets=["A", "B"], not_run="compute-sanitizer not found"),
+    ]
+    table = m.build_table([a, b], results, dict(backend="fake"))
+    cells = {r.target: {t: c.verdict for t, c in r.cells.items()} for r in table.rows}
+    assert cells["A"] == {"audit": "race", "memcheck": "race", "racecheck": "clean",
+                          "memcheck-nocache": "error", "csan": "not run"}  # fmt: skip
+    assert cells["B"] == {"audit": "race", "memcheck": "clean", "racecheck": "timeout",
+                          "memcheck-nocache": "error", "csan": "not run"}  # fmt: skip
+    row_a = table.rows[0].cells
+    assert row_a["memcheck"].detail.startswith("1 report(s): Invalid __global__ read")
+    assert (
+        row_a["memcheck-nocache"].detail
+        == "at this target: ========= Error: process didn't terminate successfully"
+    )
+    assert table.rows[1].cells["memcheck-nocache"].detail.startswith("not reached: ")
+    s = {x.tool: x for x in table.summary}
+    assert (s["audit"].caught, s["audit"].false_alarms, s["memcheck"].caught, s["memcheck"].missed) == (
+        1,
+        1,
+        1,
+        0,
+    )
+    assert (s["racecheck"].missed, s["racecheck"].timeouts, s["csan"].not_run) == (1, 1, 2)
+    md = m.markdown(table)
+    assert "| A | race | race (0.2 s) |" in md and "- B, racecheck: timeout: the child ran past 90 s" in md
+
+
+def test_the_anchor_jobs_put_compute_sanitizer_first_and_one_target_per_audit_child(anchors):
+    m = anchors
+    targets = [m.Spec(name=n, group=g, expect=None) for n, g in (("A", "x"), ("B", "x"), ("C", "y"))]
+    jobs = m.jobs(["audit", "memcheck"], targets)
+    assert jobs == [("memcheck", "x", ["A", "B"]), ("memcheck", "y", ["C"]),
+                    ("audit", "x", ["A"]), ("audit", "x", ["B"]), ("audit", "y", ["C"])]  # fmt: skip

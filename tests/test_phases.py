@@ -1,0 +1,113 @@
+"""Phase timing (nblib.core.phases), the speed table (nblib.publish.benchtable) and the shared
+eager references (nblib.engine.references)."""
+
+import json
+
+import pytest
+import torch
+
+from nblib.backends import device
+from nblib.core import phases
+from nblib.core.results import Results
+from nblib.engine import build, references
+from nblib.engine.runner import Runner
+from nblib.engine.workload import WorkloadConfig, run_sessions
+from nblib.publish import benchtable
+
+SHAPES = dict(heads=2, dim=64, topk=8, max_ctx=512, d_model=64, ffn=256, num_pages=64, vocab=64)
+SHAPES.update(trunk_layers=1, trunk_width=64, indexer_programs=1)
+WORKLOAD = dict(sessions=3, rounds=1, ctx_min=64, ctx_max=200, turn_ctx=64, out_min=4, out_max=6)
+
+
+def test_nested_phases_are_exclusive_and_add_up_to_the_wall_time():
+    clock = phases.PhaseClock()
+    with clock.phase("capture"):
+        sum(range(200_000))
+        with clock.phase("replays"):
+            sum(range(200_000))
+    wall = clock.wall()
+    rows = {r.name: r for r in clock.times(wall)}
+    assert set(rows) == {"capture", "replays", "other"}
+    assert rows["capture"].calls == rows["replays"].calls == 1
+    assert sum(r.seconds for r in rows.values()) == pytest.approx(wall, abs=5e-3)
+
+
+def test_unknown_phase_fails_in_one_line():
+    with pytest.raises(ValueError, match="unknown phase 'replay'"), phases.PhaseClock().phase("replay"):
+        pass
+
+
+def test_phase_end_synchronizes_except_while_capturing():
+    calls = []
+    capturing = [False]
+    clock = phases.PhaseClock(sync=lambda: calls.append(1), capturing=lambda: capturing[0])
+    with clock.phase("timing"):
+        pass
+    capturing[0] = True
+    with clock.phase("capture"):
+        pass
+    assert calls == [1]
+
+
+def test_results_finish_records_the_phases(tmp_path):
+    dev = device.get("sim")
+    clock = phases.start()
+    with clock.phase("audit"):
+        sum(range(100_000))
+    res = Results("01_canary", tmp_path, dev, {})
+    res.finish()
+    data = json.loads((tmp_path / "01_canary.results.json").read_text())
+    names = [p["name"] for p in data["phases"]]
+    assert names == ["audit", "other"] and data["wall_seconds"] > 0
+
+
+def _records(seconds):
+    phase = [dict(name="replays", seconds=seconds / 2, cpu_seconds=seconds / 2, calls=3)]
+    return [dict(notebook="00_reproduce", status="ok", seconds=seconds, phases=phase)]
+
+
+def test_speed_table_compares_with_the_previous_table_of_the_machine(tmp_path):
+    first, folder = benchtable.build(_records(10.0), "sim", "params/ci.yaml", tmp_path)
+    assert first.previous is None and first.notebooks[0].ratio is None
+    old = first.model_copy(update=dict(machine=first.machine))
+    (tmp_path / f"{first.machine}-old").mkdir(exist_ok=True)
+    (tmp_path / f"{first.machine}-old" / "speed.json").write_text(old.model_dump_json())
+    table, _ = benchtable.write(_records(25.0), "sim", "params/ci.yaml", tmp_path)
+    assert table.previous == f"{first.machine}-old"
+    assert table.notebooks[0].ratio == 2.5 and table.total_ratio == 2.5
+    md = (folder / "speed.md").read_text()
+    assert "2.50x" in md and "| 00_reproduce | ok | 25.0 |" in md
+
+
+def _run(refs, overlap, seed=0):
+    dev = device.get("sim")
+    m = build.model(dev, SHAPES, overlap=overlap)
+    runner = Runner(m, [1, 2], references=refs).capture()
+    w = WorkloadConfig(**WORKLOAD, concurrency=2, seed=seed)
+    return run_sessions(runner, w)
+
+
+def test_references_are_computed_once_per_workload_and_give_the_same_verdicts():
+    refs = references.References()
+    alone = _run(None, "off")
+    first = _run(refs, "on")
+    assert refs.hits == 0 and refs.misses == first["steps"]
+    second = _run(refs, "off")  # another configuration, the same workload: every step reused
+    assert refs.hits == second["steps"] and refs.misses == first["steps"]
+    assert second["step_log"] == alone["step_log"]
+    _run(refs, "off", seed=1)  # another workload: computed afresh
+    assert refs.misses > first["steps"]
+
+
+def test_a_step_with_other_inputs_is_never_looked_up():
+    refs = references.References()
+    dev = device.get("sim")
+    m = build.model(dev, SHAPES)
+    runner = Runner(m, [2], "eager", references=refs)
+    batch = build.full_batch(m, 2, ctx=100)
+    w = WorkloadConfig(**WORKLOAD, concurrency=2)
+    a = refs.get(runner, w, 0, tuple(batch))
+    other = (batch.tokens + 1, batch.page_table, batch.seq_lens, batch.store_slots)
+    b = refs.get(runner, w, 0, other)
+    assert refs.misses == 2 and refs.hits == 0
+    assert not torch.equal(a.out, b.out)
