@@ -206,3 +206,21 @@ def test_the_anchor_jobs_put_compute_sanitizer_first_and_one_target_per_audit_ch
     jobs = m.jobs(["audit", "memcheck"], targets)
     assert jobs == [("memcheck", "x", ["A", "B"]), ("memcheck", "y", ["C"]),
                     ("audit", "x", ["A"]), ("audit", "x", ["B"]), ("audit", "y", ["C"])]  # fmt: skip
+
+
+def test_a_buggy_replay_counts_only_beyond_the_fixed_forms_rounding():
+    """Graph replays round differently from the eager step (1e-7 on CUDA for every form): only a
+    difference beyond what the same model's fixed forms show on the same backend counts."""
+    base = dict(model="m", backend="cuda", target="t", tensor_pairs=0, ops=1, seconds=0.1, replays=3)
+    buggy = engines.Finding(
+        form="buggy", expect="hazards", status="hazards", hazards=2, diffs=[1e-7, 0.5, 0], **base
+    )
+    fixed = engines.Finding(
+        form="record_stream", expect="clean", status="clean", hazards=0, diffs=[1e-7] * 3, **base
+    )
+    other = engines.Finding(
+        **{**base, "model": "n"}, form="buggy", expect="hazards", status="hazards", hazards=1, diffs=[1e-9]
+    )
+    assert engines.beyond_floor([buggy, fixed]) == (1, 1e-7)
+    assert engines.beyond_floor([buggy, fixed, other]) == (2, 1e-7)  # n has no fixed form: any difference
+    assert "1 of 3 of the buggy forms' replays differed" in engines.verdict([buggy, fixed])
