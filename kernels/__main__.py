@@ -1,4 +1,4 @@
-"""python -m kernels --check | --bench | --sweep [--out DIR] (on a CUDA GPU)
+"""python -m kernels --check | --bench | --sweep [--out DIR] [--only NAMES] (on a CUDA GPU)
 
   --check   every kernel against its reference (logits with the table's configs and the TMA and
             persistent variants, top-k, page checksums, differential); check.json in DIR
@@ -6,6 +6,10 @@
             run, speedup over its torch path; bench.{json,md} in DIR with commit, device, versions
   --sweep   the logits kernel's launch configs (kernels.logits_bench.sweep) and the top-k's;
             sweep.{json,md} in DIR, with the CONFIGS lines that would adopt the winners
+  --only    some of logits, topk, checksum, differential (comma-separated; default all)
+
+Top-k rows: each of kernels.topk.KERNELS (triton_topk_radix, the default, and triton_topk_bound)
+beside torch_topk; us_dirty_l2 and speedup_vs_torch_dirty_l2 after do_bench's dirty L2 flush.
 
 One command for the committed tables, on the H200 (about 3 minutes):
   python -m kernels --check --sweep --bench --out outputs/bench
@@ -18,7 +22,7 @@ import sys
 
 import torch
 
-from kernels import checksum, differential, logits, logits_bench, logits_check, topk, topk_check
+from kernels import checksum, differential, logits, logits_bench, logits_check, topk, topk_check, topk_radix
 from kernels.harness import copy_row, flushing, median_us, meta, write_atomic, write_table
 from kernels.launch import arch_of, run
 from kernels.logits_configs import LogitsConfig, config_for
@@ -32,12 +36,31 @@ BENCH_COLS = [
     "speedup_vs_torch",
     "us_dirty_l2",
     "frac_copy_bw_dirty_l2",
+    "speedup_vs_torch_dirty_l2",
 ]
+NAMES = ("logits", "topk", "checksum", "differential")
 # each config's fields, then what the sweep measured
 SWEEP_COLS = ["kind", *(f for f in LogitsConfig._fields if f != "min_programs")]
 SWEEP_COLS += ["ok", "us", "gbps", "vs_default", "default", "best"]
-TOPK_SWEEP_COLS = ["stage", *topk.TOPK_CONFIG, "ok", "us"]
-TOPK_SWEEP = [  # over topk.TOPK_CONFIG, its first row
+TOPK_SWEEP_COLS = ["stage", "kernel", *topk.TOPK_CONFIG, "ok", "us"]
+RADIX_SWEEP_COLS = ["kernel", *topk_radix.RADIX_CONFIG, "ok", "us"]
+RADIX_SWEEP = [  # over topk_radix.RADIX_CONFIG, its first row
+    dict(),
+    dict(chunk_warps=16),
+    dict(chunk_warps=4),
+    dict(chunk=2048, chunk_warps=4),
+    dict(chunk=8192, chunk_warps=16),
+    dict(num_warps=8, cap=1024),
+    dict(cap=1024),
+    dict(radix_bits=4),
+    dict(bound_passes=1),
+    dict(bound_passes=3),
+    dict(maxima=2048),
+    dict(maxima=1024),
+    dict(maxima_warps=8),
+    dict(pdl=0),
+]
+TOPK_SWEEP = [  # over topk.TOPK_CONFIG (the "bound" kernel), its first row
     dict(),
     dict(block=4096, num_warps=16),  # the config at c76d4cd: 41.8 us at 7cc72f5
     dict(block=4096, num_warps=16, bound_passes=0, radix_bits=8),  # the exact bound, before c76d4cd
@@ -64,40 +87,60 @@ LOGITS_VARIANTS = [
 ]
 
 
-def check_all():
-    """Every kernel against its reference (raises on the first failure); the results by name."""
+def _check_logits():
     results = {}
     for i, c in enumerate(logits_check.CHECK_CASES):
         results[f"logits_{i}"] = dict(case=c, errors=logits_check.check(**c))
     for i, cfg in enumerate(LOGITS_VARIANTS):
         results[f"logits_variant_{i}"] = dict(config=cfg, errors=logits_check.check(bs=7, config=cfg))
-    results["topk"] = topk_check.check()
-    results["checksum"] = checksum.check()
-    results["differential"] = differential.check()
+    return results
+
+
+def _check_topk():
+    return {f"topk_{kernel}": topk_check.check(kernel=kernel) for kernel in topk.KERNELS}
+
+
+CHECKS = dict(
+    logits=_check_logits,
+    topk=_check_topk,
+    checksum=lambda: dict(checksum=checksum.check()),
+    differential=lambda: dict(differential=differential.check()),
+)
+BENCHES = dict(logits=logits_bench, topk=topk, checksum=checksum, differential=differential)  # .benchmark()
+
+
+def check_all(names=NAMES):
+    """The kernels named against their references (raises on the first failure); the results by
+    name."""
+    results = {}
+    for name in names:
+        results.update(CHECKS[name]())
     for name, r in results.items():
         print(name, r, flush=True)
     return results
 
 
-def _bench_rows():
+def _bench_rows(names):
     rows = [copy_row()]
-    for module in (logits_bench, topk, checksum, differential):
-        rows += module.benchmark()
+    for name in names:
+        rows += BENCHES[name].benchmark()
     return rows
 
 
-def bench_all():
-    """Every kernel's rows after the copy row, timed after a clean L2 flush (us) and after
+def bench_all(names=NAMES):
+    """The named kernels' rows after the copy row, timed after a clean L2 flush (us) and after
     do_bench's dirty one (us_dirty_l2, kernels.harness.FLUSHES); fractions of the copy's bandwidth
-    under the same flush filled in."""
-    rows = _bench_rows()
+    and speedups over the torch row a row names (vs) under the same flush filled in."""
+    rows = _bench_rows(names)
     with flushing("dirty"):
-        dirty = {r["name"]: r["us"] for r in _bench_rows()}
+        dirty = {r["name"]: r["us"] for r in _bench_rows(names)}
     for r in rows:
         r.setdefault("gbps", r["bytes"] / r["us"] * 1e-3)
         r["frac_copy_bw"] = r["gbps"] / rows[0]["gbps"]
         r["us_dirty_l2"] = dirty[r["name"]]
         r["frac_copy_bw_dirty_l2"] = r["bytes"] / r["us_dirty_l2"] / (rows[0]["bytes"] / dirty["copy"])
+        if "vs" in r:
+            r["speedup_vs_torch_dirty_l2"] = dirty[r["vs"]] / r["us_dirty_l2"]
     return rows
 
 
@@ -107,14 +150,38 @@ def sweep_topk(bs=32, width=65536, k=512):
     want = topk.ref_topk_indices(x, k)
     rows = []
     for cfg in TOPK_SWEEP:
-        got = topk.topk_indices_triton(x, k, out=out, config=cfg)
-        us = median_us(lambda cfg=cfg: topk.topk_indices_triton(x, k, out=out, config=cfg), rep_ms=40)
+        fn = lambda cfg=cfg: topk.topk_indices_triton(x, k, out=out, config=cfg, kernel="bound")  # noqa: E731
+        ok = bool(torch.equal(fn(), want))
         full = dict(topk.TOPK_CONFIG, **cfg)
-        rows.append(dict(kind="topk", stage="both", **full, ok=bool(torch.equal(got, want)), us=us))
+        rows.append(
+            dict(kind="topk", stage="both", kernel="bound", **full, ok=ok, us=median_us(fn, rep_ms=40))
+        )
     # where the time goes: the sub-chunk maxima launch alone (the rest is the one-program-per-row select)
     maxima, _ = topk.plan_topk(x, k, out=out)
     rows.append(dict(kind="topk", stage="maxima", ok=None, us=median_us(lambda: run(maxima), rep_ms=40)))
     return rows
+
+
+def sweep_topk_radix(bs=32, width=65536, k=512):
+    """The radix select's configs (kernels.topk_radix.RADIX_CONFIG), each checked, then timed."""
+    x = torch.randn(bs, width, device="cuda")
+    out = torch.empty(bs, k, dtype=torch.int32, device="cuda")
+    want = topk.ref_topk_indices(x, k)
+    rows = []
+    for cfg in RADIX_SWEEP:
+        fn = lambda cfg=cfg: topk_radix.topk_indices_radix(x, k, out=out, config=cfg)  # noqa: E731
+        ok = bool(torch.equal(fn(), want))
+        full = dict(topk_radix.RADIX_CONFIG, **cfg)
+        rows.append(dict(kernel="radix", **full, ok=ok, us=median_us(fn, rep_ms=40)))
+    return rows
+
+
+def _names(only):
+    names = tuple(n for n in (only or ",".join(NAMES)).split(",") if n)
+    bad = sorted(set(names) - set(NAMES))
+    if bad or not names:
+        sys.exit(f"python -m kernels: --only takes some of {','.join(NAMES)}, got {only!r}")
+    return names
 
 
 def main(argv=None):
@@ -123,7 +190,9 @@ def main(argv=None):
     p.add_argument("--bench", action="store_true", help="time every kernel vs torch and a D2D copy")
     p.add_argument("--sweep", action="store_true", help="time the launch configs")
     p.add_argument("--out", default=None, help="folder for bench.{json,md} and sweep.{json,md}")
+    p.add_argument("--only", default=None, help=f"comma-separated, some of {','.join(NAMES)}")
     a = p.parse_args(argv)
+    names = _names(a.only)
     if not (a.check or a.bench or a.sweep):
         p.error("nothing to do: pass --check, --bench and/or --sweep")
     if a.out:
@@ -131,21 +200,26 @@ def main(argv=None):
     if not torch.cuda.is_available():
         sys.exit("python -m kernels: needs a CUDA GPU (the tests run the kernels on a CPU, interpreted)")
     if a.check:
-        results = check_all()
+        results = check_all(names)
         if a.out:
             text = json.dumps(dict(meta=meta(), results=results), indent=2, default=str)
             write_atomic(os.path.join(a.out, "check.json"), text)
-    if a.sweep:
+    if a.sweep and "logits" in names:
         rows = logits_bench.sweep()
         info = meta(shape=logits.BENCH_SHAPE, adopt=logits_bench.adopt_lines(rows))
         print(write_table(a.out, "sweep", info, rows, SWEEP_COLS))
+    if a.sweep and "topk" in names:
         info = meta(shape=dict(bs=32, width=65536, k=512), default=topk.TOPK_CONFIG)
         print(write_table(a.out, "sweep_topk", info, sweep_topk(), TOPK_SWEEP_COLS))
+        info = meta(shape=dict(bs=32, width=65536, k=512), default=topk_radix.RADIX_CONFIG)
+        print(write_table(a.out, "sweep_topk_radix", info, sweep_topk_radix(), RADIX_SWEEP_COLS))
     if a.bench:
         arch = arch_of(torch.device("cuda"))
         configs = {f"logits_{k}": config_for(k, arch, 64, 128)._asdict() for k in ("bf16", "fp8")}
-        info = meta(shape=logits.BENCH_SHAPE, configs=dict(configs, topk=topk.TOPK_CONFIG))
-        print(write_table(a.out, "bench", info, bench_all(), BENCH_COLS))
+        configs.update(topk=topk.TOPK_CONFIG, topk_radix=topk_radix.RADIX_CONFIG)
+        configs.update(differential=differential.DIFF_CONFIG, topk_kernel=topk.TOPK_KERNEL)
+        info = meta(shape=logits.BENCH_SHAPE, configs=configs, only=list(names))
+        print(write_table(a.out, "bench", info, bench_all(names), BENCH_COLS))
 
 
 if __name__ == "__main__":

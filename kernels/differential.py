@@ -11,6 +11,11 @@ in one pass over both rows when they agree, which is every row of a healthy repl
 are equal in every position have equal top-k sets, so the selection (kernels.topk's radix select,
 over the whole row) runs only for rows that differ somewhere.
 
+Two launches: _diff_chunks_kernel reads both rows once, spread over rows x chunks programs (each
+chunk's max_abs, count of differing entries and both argmaxes), and _diff_rows_kernel, one program
+per row, combines its chunks and compares the top-k sets of the rows that differ. (One program per
+row reading 512 KB in dependent steps was latency-bound: 32 rows used 32 of an H200's 132 SMs.)
+
 Layout: reference, kernel, launcher, check, benchmark.
 """
 
@@ -19,6 +24,7 @@ from typing import NamedTuple
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from kernels import args as A
 from kernels.harness import median_us
@@ -76,9 +82,73 @@ def _argmax_update(key, ok, offs, best_key, best_idx, width):
 
 
 @triton.jit
-def _differential_kernel(
+def _diff_chunks_kernel(
     g_ptr,
     e_ptr,
+    part_ptr,
+    width,
+    stride_g,
+    stride_e,
+    stride_p,
+    NUM_CHUNKS: tl.constexpr,
+    CHUNK: tl.constexpr,
+    PDL: tl.constexpr,  # let the rows kernel launch now: it waits for this grid in gdc_wait
+):
+    """Chunk p of a row pair, the one pass over both: its max_abs (float bits), how many entries
+    differ, and each row's largest key and its first index, at part[row, field, p]."""
+    if PDL:
+        gdc_launch_dependents()
+    row = tl.program_id(0).to(tl.int64)
+    p = tl.program_id(1)
+    offs = p * CHUNK + tl.arange(0, CHUNK)
+    ok = offs < width
+    g = tl.load(g_ptr + row * stride_g + offs, mask=ok, other=0.0)
+    e = tl.load(e_ptr + row * stride_e + offs, mask=ok, other=0.0)
+    gk, ek = _order_key(g), _order_key(e)
+    same = gk == ek  # float equality, with NaN == NaN (-0.0 == +0.0 as in floats)
+    d = tl.abs(g - e)
+    d = tl.where(d != d, float("inf"), d)  # noqa: PLR0124 (NaN: a number against NaN)
+    worst = tl.max(tl.where(same | ~ok, 0.0, d))
+    differ = tl.sum((ok & ~same).to(tl.int32))
+    none_key, none_idx = tl.zeros([], tl.uint32), tl.zeros([], tl.int32)
+    g_key, g_idx = _argmax_update(gk, ok, offs, none_key, none_idx, width)
+    e_key, e_idx = _argmax_update(ek, ok, offs, none_key, none_idx, width)
+    out = part_ptr + row * stride_p + p
+    tl.store(out, worst.to(tl.int32, bitcast=True))
+    tl.store(out + NUM_CHUNKS, differ)
+    tl.store(out + 2 * NUM_CHUNKS, g_key.to(tl.int32, bitcast=True))
+    tl.store(out + 3 * NUM_CHUNKS, g_idx)
+    tl.store(out + 4 * NUM_CHUNKS, e_key.to(tl.int32, bitcast=True))
+    tl.store(out + 5 * NUM_CHUNKS, e_idx)
+
+
+@triton.jit
+def _topk_mismatch(g_row, e_row, width, K, BLOCK: tl.constexpr, RADIX_BITS: tl.constexpr):
+    """How many entries are in one row's top-k set and not the other's (kernels.topk's radix
+    select over each whole row, then one pass over both)."""
+    g_sel = _threshold(g_row, width, K, BLOCK, RADIX_BITS, False)
+    e_sel = _threshold(e_row, width, K, BLOCK, RADIX_BITS, False)
+    g_ties = tl.zeros([], tl.int32)
+    e_ties = tl.zeros([], tl.int32)
+    mismatch = tl.zeros([], tl.int32)
+    for start in range(0, width, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        ok = offs < width
+        g = tl.load(g_row + offs, mask=ok, other=0.0)
+        e = tl.load(e_row + offs, mask=ok, other=0.0)
+        in_g, g_ties = _selected(_order_key(g), ok, g_sel[0], g_sel[1], g_sel[2], g_sel[3], g_ties)
+        in_e, e_ties = _selected(_order_key(e), ok, e_sel[0], e_sel[1], e_sel[2], e_sel[3], e_ties)
+        in_g = in_g & (g != float("-inf"))  # -inf entries are not members (-1 in top-k)
+        in_e = in_e & (e != float("-inf"))
+        mismatch += tl.sum((in_g != in_e).to(tl.int32))
+    return mismatch
+
+
+@triton.jit
+def _diff_rows_kernel(
+    g_ptr,
+    e_ptr,
+    part_ptr,
     max_ptr,
     argmax_ptr,
     topk_ptr,
@@ -86,49 +156,35 @@ def _differential_kernel(
     K,
     stride_g,
     stride_e,
+    stride_p,
+    NUM_CHUNKS: tl.constexpr,
+    CHUNKS_POW2: tl.constexpr,
     BLOCK: tl.constexpr,
     RADIX_BITS: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    """One program per row: its chunks' figures combined; the top-k sets compared only when
+    the rows differ somewhere."""
+    if PDL:
+        gdc_wait()  # the chunks kernel's writes are visible after this
     row = tl.program_id(0).to(tl.int64)
-    g_row = g_ptr + row * stride_g
-    e_row = e_ptr + row * stride_e
-    # the one pass: max_abs, both argmaxes, and whether the rows differ anywhere
-    worst = tl.zeros([], tl.float32)
-    differ = tl.zeros([], tl.int32)
-    g_key, g_idx = tl.zeros([], tl.uint32), tl.zeros([], tl.int32)
-    e_key, e_idx = tl.zeros([], tl.uint32), tl.zeros([], tl.int32)
-    for start in range(0, width, BLOCK):
-        offs = start + tl.arange(0, BLOCK)
-        ok = offs < width
-        g = tl.load(g_row + offs, mask=ok, other=0.0)
-        e = tl.load(e_row + offs, mask=ok, other=0.0)
-        gk, ek = _order_key(g), _order_key(e)
-        same = gk == ek  # float equality, with NaN == NaN (-0.0 == +0.0 as in floats)
-        d = tl.abs(g - e)
-        d = tl.where(d != d, float("inf"), d)  # noqa: PLR0124 (NaN: a number against NaN)
-        worst = tl.maximum(worst, tl.max(tl.where(same | ~ok, 0.0, d)))
-        differ += tl.sum((ok & ~same).to(tl.int32))
-        g_key, g_idx = _argmax_update(gk, ok, offs, g_key, g_idx, width)
-        e_key, e_idx = _argmax_update(ek, ok, offs, e_key, e_idx, width)
+    part = part_ptr + row * stride_p
+    j = tl.arange(0, CHUNKS_POW2)
+    ok = j < NUM_CHUNKS
+    worst = tl.max(tl.load(part + j, mask=ok, other=0).to(tl.float32, bitcast=True))
+    differ = tl.sum(tl.load(part + NUM_CHUNKS + j, mask=ok, other=0))
+    g_key = tl.load(part + 2 * NUM_CHUNKS + j, mask=ok, other=0).to(tl.uint32, bitcast=True)
+    g_idx = tl.load(part + 3 * NUM_CHUNKS + j, mask=ok, other=0)
+    e_key = tl.load(part + 4 * NUM_CHUNKS + j, mask=ok, other=0).to(tl.uint32, bitcast=True)
+    e_idx = tl.load(part + 5 * NUM_CHUNKS + j, mask=ok, other=0)
+    # every valid key is > 0, and every chunk holds a valid entry: the padding never wins
+    g_first = tl.min(tl.where(g_key == tl.max(g_key), g_idx, width))
+    e_first = tl.min(tl.where(e_key == tl.max(e_key), e_idx, width))
     tl.store(max_ptr + row, worst)
-    tl.store(argmax_ptr + row, (g_idx != e_idx).to(tl.int8))
-
+    tl.store(argmax_ptr + row, (g_first != e_first).to(tl.int8))
     mismatch = tl.zeros([], tl.int32)
     if differ > 0:  # only a row that differs can have another top-k set
-        g_sel = _threshold(g_row, width, K, BLOCK, RADIX_BITS, False)
-        e_sel = _threshold(e_row, width, K, BLOCK, RADIX_BITS, False)
-        g_ties = tl.zeros([], tl.int32)
-        e_ties = tl.zeros([], tl.int32)
-        for start in range(0, width, BLOCK):
-            offs = start + tl.arange(0, BLOCK)
-            ok = offs < width
-            g = tl.load(g_row + offs, mask=ok, other=0.0)
-            e = tl.load(e_row + offs, mask=ok, other=0.0)
-            in_g, g_ties = _selected(_order_key(g), ok, g_sel[0], g_sel[1], g_sel[2], g_sel[3], g_ties)
-            in_e, e_ties = _selected(_order_key(e), ok, e_sel[0], e_sel[1], e_sel[2], e_sel[3], e_ties)
-            in_g = in_g & (g != float("-inf"))  # -inf entries are not members (-1 in top-k)
-            in_e = in_e & (e != float("-inf"))
-            mismatch += tl.sum((in_g != in_e).to(tl.int32))
+        mismatch = _topk_mismatch(g_ptr + row * stride_g, e_ptr + row * stride_e, width, K, BLOCK, RADIX_BITS)
     tl.store(topk_ptr + row, (mismatch > 0).to(tl.int8))
 
 
@@ -136,54 +192,77 @@ def _differential_kernel(
 # 3. Launcher
 # ---------------------------------------------------------------------------
 
-# 4096 entries x 8 warps: 16 a thread. Untimed: python -m kernels --bench times it.
-DIFF_CONFIG = dict(block=4096, num_warps=8, radix_bits=8)
+# chunk 4096 over 8 warps: 16 programs a row of 65536 (the one pass spread over the GPU, where one
+# program a row left it latency-bound); block 4096 for the rare top-k comparison (one program a
+# row). Timed by python -m kernels --bench.
+DIFF_CONFIG = dict(chunk=4096, chunk_warps=8, block=4096, num_warps=8, radix_bits=8, pdl=1)
 
 
-def plan_differential(graph, eager, k, out=None, config=None):
-    """The launch; out (a DiffRows of max_abs float32, argmax/topk bool, [rows]) is allocated on
-    the current stream when None."""
+def _new_out(rows, dev):
+    return DiffRows(
+        torch.empty(rows, device=dev),
+        torch.empty(rows, dtype=torch.bool, device=dev),
+        torch.empty(rows, dtype=torch.bool, device=dev),
+    )
+
+
+def plan_differential(graph, eager, k, out=None, config=None, pdl=None):
+    """The two launches (chunks, then rows) and out (a DiffRows of max_abs float32, argmax/topk
+    bool, [rows]; allocated on the current stream when None), with the chunks' figures in an int32
+    [rows, 6, chunks] workspace. pdl: launch the rows kernel as a programmatic dependent of the
+    chunks kernel (None: on a CUDA GPU of sm_90 or later)."""
     _check_args(graph, eager, k)
     rows, dev = graph.shape[0], graph.device
-    if out is None:
-        out = DiffRows(
-            torch.empty(rows, device=dev),
-            torch.empty(rows, dtype=torch.bool, device=dev),
-            torch.empty(rows, dtype=torch.bool, device=dev),
-        )
+    out = _new_out(rows, dev) if out is None else out
     for name, t, dtype in zip(out._fields, out, (torch.float32, torch.bool, torch.bool)):
         A.tensor(f"out.{name}", t, dtype, shape=(rows,), contiguous=True)
         A.same_device(graph=graph, **{f"out.{name}": t})
     cfg = dict(DIFF_CONFIG, **(config or {}))
-    args = dict(
-        g_ptr=graph,
-        e_ptr=eager,
-        max_ptr=out.max_abs,
-        argmax_ptr=out.argmax_differs.view(torch.int8),
-        topk_ptr=out.topk_differs.view(torch.int8),
-        width=graph.shape[1],
-        K=k,
-        stride_g=graph.stride(0),
-        stride_e=eager.stride(0),
-        BLOCK=cfg["block"],
-        RADIX_BITS=cfg["radix_bits"],
+    A.need(set(cfg) <= set(DIFF_CONFIG), f"unknown config keys {sorted(set(cfg) - set(DIFF_CONFIG))}")
+    chunk = cfg["chunk"]
+    A.need(chunk >= 16 and chunk & (chunk - 1) == 0, f"chunk must be a power of two >= 16, got {chunk}")
+    width = graph.shape[1]
+    chunks = triton.cdiv(width, chunk)
+    part = torch.empty(rows, 6, chunks, dtype=torch.int32, device=dev)
+    if pdl is None:
+        pdl = dev.type == "cuda" and torch.cuda.get_device_capability(dev)[0] >= 9
+    pdl = bool(pdl and cfg["pdl"])
+    common = dict(g_ptr=graph, e_ptr=eager, part_ptr=part, width=width, stride_g=graph.stride(0))
+    common.update(stride_e=eager.stride(0), stride_p=part.stride(0), NUM_CHUNKS=chunks, PDL=pdl)
+    rows_args = dict(common, max_ptr=out.max_abs, K=k, CHUNKS_POW2=triton.next_power_of_2(chunks))
+    rows_args.update(
+        argmax_ptr=out.argmax_differs.view(torch.int8), topk_ptr=out.topk_differs.view(torch.int8)
     )
-    return Launch(_differential_kernel, (rows,), args, dict(num_warps=cfg["num_warps"])), out
+    rows_args.update(BLOCK=cfg["block"], RADIX_BITS=cfg["radix_bits"])
+    launches = (
+        Launch(
+            _diff_chunks_kernel, (rows, chunks), dict(common, CHUNK=chunk), dict(num_warps=cfg["chunk_warps"])
+        ),
+        Launch(_diff_rows_kernel, (rows,), rows_args, dict(num_warps=cfg["num_warps"], launch_pdl=pdl)),
+    )
+    return launches, out
 
 
 def differential(graph, eager, k, out=None, *, config=None):
-    """DiffRows by the Triton kernel (float32 [rows, width] each, on CUDA). No host sync."""
-    launch, out = plan_differential(graph, eager, k, out, config)
-    A.launchable(launch.kernel, graph.device)
+    """DiffRows by the Triton kernels (float32 [rows, width] each, on CUDA). No host sync."""
+    launches, out = plan_differential(graph, eager, k, out, config)
+    for launch in launches:
+        A.launchable(launch.kernel, graph.device)
     if graph.shape[0]:
-        run(launch)
+        for launch in launches:
+            run(launch)
     return out
 
 
 def compile_cases(arch):
-
+    """The model's shape, as a GPU of that arch runs it (from sm_90 the rows kernel is a
+    programmatic dependent of the chunks kernel)."""
     g = torch.empty(64, 65536)
-    return [Case("differential", plan_differential(g, g, 512)[0], tensor_core=False, tma=False)]
+    chunks, rows = plan_differential(g, g, 512, pdl=arch >= 90)[0]
+    return [
+        Case("differential_chunks", chunks, tensor_core=False, tma=False, pdl=arch >= 90),
+        Case("differential_rows", rows, tensor_core=False, tma=False, pdl=arch >= 90),
+    ]
 
 
 # ---------------------------------------------------------------------------
@@ -253,11 +332,7 @@ def benchmark(rows=32, width=65536, k=512, device="cuda"):
     e = g.clone()
     e_diff = g.clone()
     e_diff[:, 0] = 1e30
-    out = DiffRows(
-        torch.empty(rows, device=device),
-        torch.empty(rows, dtype=torch.bool, device=device),
-        torch.empty(rows, dtype=torch.bool, device=device),
-    )
+    out = _new_out(rows, device)
     nbytes = 2 * g.numel() * 4
     table = []
     for name, fn in (
@@ -267,5 +342,6 @@ def benchmark(rows=32, width=65536, k=512, device="cuda"):
     ):
         us = median_us(fn)
         table.append(dict(name=name, us=us, bytes=nbytes, gbps=nbytes / us * 1e-3))
-    table[0]["speedup_vs_torch"] = table[1]["us"] / table[0]["us"]
+    for r in (table[0], table[2]):
+        r.update(speedup_vs_torch=table[1]["us"] / r["us"], vs="torch_differential")
     return table

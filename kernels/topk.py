@@ -1,7 +1,8 @@
 """Top-k entry indices of the indexer logits: which cached entries the sparse attention reads.
 
     topk_indices(logits, k)                       torch.topk, then the contract below
-    topk_indices_triton(logits, k, lengths=None)  two Triton kernels: a bound, then a radix select
+    topk_indices_triton(logits, k, lengths=None)  Triton: kernels.topk_radix (the default, TOPK_KERNEL),
+                                                  or the "bound" pair below (kernel="bound")
 
 The contract (both): int32 [bs, k], the indices of the k largest logits of each row, -1 where the
 value is -inf, sorted ascending with the -1s last, so graph and eager results compare as sets.
@@ -12,7 +13,7 @@ Ties: torch.topk leaves unspecified which of several equal values at the k-th pl
 The Triton kernel takes the lowest indices among them, as does ref_topk_indices (a stable sort);
 away from ties at the k-th value all three return the same set.
 
-Two kernels (65536 fp32 logits are 256 KB a row; one program per row could not read that fast):
+The "bound" pair (65536 fp32 logits are 256 KB a row; one program per row could not read that fast):
   1. _row_maxima_kernel, over many programs: map each float to a uint32 key whose unsigned order
      is the float order, and keep the largest key of each sub-chunk (16 entries at 65536);
   2. _topk_kernel, one program per row:
@@ -39,21 +40,26 @@ Layout: reference, kernel, launcher, check (kernels.topk_check), benchmark. `pyt
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+from triton.language.extra.cuda import gdc_wait
 
 from kernels import args as A
+from kernels import topk_radix
 from kernels.harness import median_us
 from kernels.launch import Case, Launch, run
+from kernels.topk_keys import (  # noqa: F401  (part of this module's API: kernels.differential, tests)
+    NEG_INF_KEY,
+    _check_triton_args,
+    _kth_largest,
+    _kth_largest_prefix,
+    _order_key,
+    _row_maxima_kernel,
+    _sub_chunks,
+    check_topk_args,
+)
 
 # ---------------------------------------------------------------------------
 # 1. Torch references
 # ---------------------------------------------------------------------------
-
-
-def check_topk_args(logits, k):
-    A.tensor("logits", logits, (torch.float32, torch.float16, torch.bfloat16, torch.float64), ndim=2)
-    A.need(isinstance(k, int) and k >= 1, f"k must be a positive int, got {k!r}")
-    A.need(k <= logits.shape[1], f"k={k} is larger than the row ({logits.shape[1]} logits)")
 
 
 def _mask_lengths(logits, lengths):
@@ -102,56 +108,6 @@ def ref_topk_indices(logits, k, lengths=None):
 # ---------------------------------------------------------------------------
 
 
-NEG_INF_KEY = tl.constexpr(0x007FFFFF)  # _order_key(-inf): no other float maps to it
-
-
-@triton.jit
-def _order_key(x):
-    """float32 -> uint32, unsigned order == float order; NaN above +inf, -0.0 == +0.0."""
-    bits = x.to(tl.uint32, bitcast=True)
-    key = tl.where((bits & 0x80000000) != 0, bits ^ 0xFFFFFFFF, bits | 0x80000000)
-    key = tl.where(x == 0.0, 0x80000000, key)
-    return tl.where(x != x, 0xFFFFFFFF, key)  # noqa: PLR0124 (x != x: NaN)
-
-
-@triton.jit
-def _kth_largest(keys, k, BITS: tl.constexpr):
-    """The k-th largest of a block of uint32 keys (0 if fewer than k are nonzero): the largest t
-    with at least k keys >= t, BITS bits at a time from the top (2^BITS counts per step)."""
-    t = tl.zeros([], tl.uint32)
-    digits = tl.arange(0, 1 << BITS).to(tl.uint32)
-    for step in tl.static_range(32 // BITS):
-        SH = 32 - BITS * (step + 1)
-        cand = t | (digits << SH)  # cand[0] == t: at least k keys reach it, by induction
-        count = tl.sum((keys[:, None] >= cand[None, :]).to(tl.int32), axis=0)
-        d = tl.maximum(tl.sum((count >= k).to(tl.int32)) - 1, 0)
-        t = t | (d.to(tl.uint32) << SH)
-    return t
-
-
-@triton.jit
-def _kth_largest_prefix(keys, k, PASSES: tl.constexpr):
-    """A lower bound on the k-th largest of a block of uint32 keys, in PASSES histogram passes:
-    the k-th largest's top 8*PASSES bits, the rest 0. At least k keys reach it (the bin chosen
-    at each pass holds the k-th largest), and it is <= the k-th largest, so every top-k entry
-    reaches it: a looser bound than _kth_largest's exact one, from 2 block reductions a pass
-    instead of 32 // BITS dependent steps."""
-    bins = tl.arange(0, 256)
-    t = tl.zeros([], tl.uint32)
-    k_rem = k + tl.zeros([], tl.int32)
-    for p in tl.static_range(PASSES):
-        SH = 24 - 8 * p  # constexpr: p is a static_range index
-        ok = keys >= 0  # every key at the first pass, then those matching the prefix so far
-        if p > 0:
-            ok = (keys >> (SH + 8)) == (t >> (SH + 8))
-        hist = tl.histogram(((keys >> SH) & 255).to(tl.int32), 256, mask=ok)
-        ge = tl.sum(hist) - tl.cumsum(hist, 0) + hist  # keys whose digit >= d
-        d = tl.maximum(tl.sum((ge >= k_rem).to(tl.int32)) - 1, 0)
-        k_rem -= tl.sum(tl.where(bins == d, ge - hist, 0))
-        t = t | (d.to(tl.uint32) << SH)
-    return t
-
-
 @triton.jit
 def _threshold(row, n, K, BLOCK: tl.constexpr, RADIX_BITS: tl.constexpr, KEYS: tl.constexpr):
     """Radix select of the K-th largest key among the n entries row[0:n] (float logits, or with
@@ -198,37 +154,11 @@ def _selected(key, ok, prefix, shift, k_rem, take_all, ties):
     hi = key >> tl.minimum(shift, 31).to(tl.uint32)  # shift 32 only with take_all: unused
     tie = ok & (hi == prefix)
     rank = ties + tl.cumsum(tie.to(tl.int32), 0) - 1
-    sel = ok & ((hi > prefix) | (tie & (rank < k_rem)) | take_all)
+    # take_all as a block comparison: Triton 3.9's interpreter keeps a scalar bool's data int32,
+    # and a block or-ed with it is no longer a valid mask
+    every = (rank * 0 + take_all.to(tl.int32)) != 0
+    sel = ok & ((hi > prefix) | (tie & (rank < k_rem)) | every)
     return sel, ties + tl.sum(tie.to(tl.int32))
-
-
-@triton.jit
-def _row_maxima_kernel(
-    x_ptr,
-    len_ptr,
-    max_ptr,
-    width,
-    stride_x,
-    stride_m,
-    HAS_LEN: tl.constexpr,
-    SUB: tl.constexpr,
-    SUBS: tl.constexpr,  # sub-chunks per program
-    PDL: tl.constexpr,  # let the select kernel launch now: it waits for this grid in gdc_wait
-):
-    """maxima[row, j] = largest order key among entries [j*SUB, (j+1)*SUB) of the row (0 where
-    none is valid): the one pass over the whole row, spread over many programs."""
-    if PDL:
-        gdc_launch_dependents()
-    row = tl.program_id(0).to(tl.int64)
-    n = width
-    if HAS_LEN:
-        n = tl.minimum(tl.maximum(tl.load(len_ptr + row), 0), width)
-    sub = tl.program_id(1) * SUBS + tl.arange(0, SUBS)
-    t = sub[:, None] * SUB + tl.arange(0, SUB)[None, :]
-    ok = t < n
-    key = tl.where(ok, _order_key(tl.load(x_ptr + row * stride_x + t, mask=ok, other=0.0)), 0)
-    m = tl.max(key, axis=1)
-    tl.store(max_ptr + row * stride_m + sub, m.to(tl.int32, bitcast=True))
 
 
 @triton.jit
@@ -336,27 +266,6 @@ TOPK_CONFIG = dict(
 )
 
 
-def _check_triton_args(logits, k, lengths, out):
-    A.tensor("logits", logits, torch.float32, ndim=2, last_contiguous=True)
-    check_topk_args(logits, k)
-    A.need(logits.shape[1] < 2**31, f"rows of {logits.shape[1]} logits do not fit int32 indices")
-    bs = logits.shape[0]
-    if lengths is not None:
-        A.tensor("lengths", lengths, torch.int32, shape=(bs,), contiguous=True)
-        A.same_device(logits=logits, lengths=lengths)
-    if out is not None:
-        A.tensor("out", out, torch.int32, shape=(bs, k), last_contiguous=True)
-        A.same_device(logits=logits, out=out)
-
-
-def _sub_chunks(width, k, target):
-    """(SUB, NUM_MAX): sub-chunk length (>= 16) and the power-of-two count of sub-chunk maxima,
-    about `target` of them and at least 2k where the row allows (the k-th largest must exist)."""
-    target = max(target, triton.next_power_of_2(2 * k))
-    sub = max(16, triton.next_power_of_2(triton.cdiv(width, target)))
-    return sub, triton.next_power_of_2(triton.cdiv(width, sub))
-
-
 def plan_topk(logits, k, lengths=None, out=None, config=None, pdl=None):
     """The two launches (sub-chunk maxima, then select) for these arguments. Allocates on the
     current stream (inside a capture: from the graph's pool, as torch.topk's own temporaries):
@@ -417,9 +326,20 @@ def plan_topk(logits, k, lengths=None, out=None, config=None, pdl=None):
     )
 
 
-def topk_indices_triton(logits, k, lengths=None, out=None, *, config=None):
-    """The contract above, by the Triton kernel (ties: lowest index). float32 logits on CUDA;
-    out (int32 [bs, k]) is filled and returned, or allocated when None."""
+# Which kernels topk_indices_triton runs: "radix" (kernels.topk_radix: the select spread over
+# several programs per row) or "bound" (the two kernels above: one select program per row).
+TOPK_KERNEL = "radix"
+KERNELS = ("radix", "bound")
+
+
+def topk_indices_triton(logits, k, lengths=None, out=None, *, config=None, kernel=None):
+    """The contract above, by a Triton kernel (ties: lowest index). float32 logits on CUDA;
+    out (int32 [bs, k]) is filled and returned, or allocated when None. kernel: one of KERNELS
+    (None: TOPK_KERNEL); config: that kernel's (kernels.topk_radix.RADIX_CONFIG or TOPK_CONFIG)."""
+    kernel = kernel or TOPK_KERNEL
+    A.need(kernel in KERNELS, f"kernel must be one of {', '.join(KERNELS)}, got {kernel!r}")
+    if kernel == "radix":
+        return topk_radix.topk_indices_radix(logits, k, lengths, out, config=config)
     maxima, select = plan_topk(logits, k, lengths, out, config)
     A.launchable(select.kernel, logits.device)
     if logits.shape[0]:
@@ -435,13 +355,13 @@ def compile_cases(arch):
     x, lens = torch.empty(32, 65536), torch.zeros(32, dtype=torch.int32)
     cases = []
     for tag, lengths in (("", None), ("_lengths", lens)):
-        maxima, select = plan_topk(x, 512, lengths, pdl=True)  # what a GPU runs (sm_90 and later)
-        cases.append(Case(f"topk_maxima{tag}", maxima, tensor_core=False, tma=False, pdl=True))
-        cases.append(Case(f"topk_select{tag}", select, tensor_core=False, tma=False, pdl=True))
+        maxima, select = plan_topk(x, 512, lengths, pdl=arch >= 90)  # PDL: what sm_90 and later run
+        cases.append(Case(f"topk_maxima{tag}", maxima, tensor_core=False, tma=False, pdl=arch >= 90))
+        cases.append(Case(f"topk_select{tag}", select, tensor_core=False, tma=False, pdl=arch >= 90))
     # the exact bound the sweep times (the interpreter does not hold constexprs to the rules)
-    _, select = plan_topk(x, 512, config=dict(bound_passes=0), pdl=True)
-    cases.append(Case("topk_select_exact_bound", select, tensor_core=False, tma=False, pdl=True))
-    return cases
+    _, select = plan_topk(x, 512, config=dict(bound_passes=0), pdl=arch >= 90)
+    cases.append(Case("topk_select_exact_bound", select, tensor_core=False, tma=False, pdl=arch >= 90))
+    return cases + topk_radix.compile_cases(arch)
 
 
 # ---------------------------------------------------------------------------
@@ -455,8 +375,9 @@ def compile_cases(arch):
 
 
 def benchmark(bs=32, width=65536, k=512, device="cuda"):
-    """Rows for the bench table: the kernel and torch's top-k (the model's current path), on
-    random rows, then on a graph's padded batch (the last quarter of the rows all -inf)."""
+    """Rows for the bench table: each of KERNELS and torch's top-k (the contract
+    through torch.topk), on random rows, then on a graph's padded batch (the last quarter of the
+    rows all -inf). Each kernel row names its torch row (vs), for the speedups."""
     x = torch.randn(bs, width, device=device)
     padded = x.clone()
     padded[bs - bs // 4 :] = float("-inf")
@@ -464,13 +385,16 @@ def benchmark(bs=32, width=65536, k=512, device="cuda"):
     nbytes = x.numel() * 4 + out.numel() * 4
     rows = []
     for tag, data in (("", x), ("_padded", padded)):
-        pair = []
-        for name, fn in (
-            ("triton_topk", lambda data=data: topk_indices_triton(data, k, out=out)),
-            ("torch_topk", lambda data=data: topk_indices(data, k)),
-        ):
-            us = median_us(fn)
-            pair.append(dict(name=name + tag, us=us, bytes=nbytes, gbps=nbytes / us * 1e-3))
-        pair[0]["speedup_vs_torch"] = pair[1]["us"] / pair[0]["us"]
-        rows += pair
+        torch_us = median_us(lambda data=data: topk_indices(data, k))
+        mine = []
+        for kernel in KERNELS:
+            us = median_us(
+                lambda data=data, kernel=kernel: topk_indices_triton(data, k, out=out, kernel=kernel)
+            )
+            mine.append(dict(name=f"triton_topk_{kernel}{tag}", us=us, speedup_vs_torch=torch_us / us))
+        rows += [*mine, dict(name=f"torch_topk{tag}", us=torch_us)]
+        for r in mine:
+            r["vs"] = f"torch_topk{tag}"
+    for r in rows:
+        r.update(bytes=nbytes, gbps=nbytes / r["us"] * 1e-3)
     return rows

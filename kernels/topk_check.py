@@ -1,6 +1,6 @@
-"""Checking the Triton top-k (kernels.topk) against ref_topk_indices (exact) and torch.topk (as
-a set of values): random, tied, all -inf, fewer finite than k, NaN/inf/-0, one top entry per
-sub-chunk, lengths and short rows, with a guard past the k-th output column."""
+"""Checking the Triton top-k kernels (kernels.topk.KERNELS) against ref_topk_indices (exact) and
+torch.topk (as a set of values): random, tied, all -inf, fewer finite than k, NaN/inf/-0, one top
+entry per sub-chunk, lengths and short rows, with a guard past the k-th output column."""
 
 import torch
 import triton
@@ -9,8 +9,9 @@ from kernels.topk import _mask_lengths, ref_topk_indices, topk_indices_triton
 
 
 def check_rows(logits, k, lengths=None, **kw):
-    """Triton vs ref_topk_indices (exact), and vs torch.topk as a set of values; returns the
-    number of rows compared. Raises AssertionError on any difference, or on a write past k."""
+    """Triton (kw: topk_indices_triton's kernel and config) vs ref_topk_indices (exact), and vs
+    torch.topk as a set of values; returns the number of rows compared. Raises AssertionError on
+    any difference, or on a write past k."""
     bs = logits.shape[0]
     canary = torch.full((bs, k + 16), -7, dtype=torch.int32, device=logits.device)
     got = topk_indices_triton(logits, k, lengths, out=canary[:, :k], **kw)
@@ -60,6 +61,7 @@ def cases(device="cuda", width=65536, k=512, bs=8, seed=0):
     ]
 
 
-def check(device="cuda", width=65536, k=512, bs=8):
-    """Every case of cases(); returns {name: rows}."""
-    return {name: check_rows(x, k, lens) for name, x, lens in cases(device, width, k, bs)}
+def check(device="cuda", width=65536, k=512, bs=8, kernel=None):
+    """Every case of cases() with one of kernels.topk.KERNELS (None: the default); returns
+    {name: rows}."""
+    return {name: check_rows(x, k, lens, kernel=kernel) for name, x, lens in cases(device, width, k, bs)}

@@ -9,16 +9,20 @@ from interp import interpret, run_without_interpreter
 from kernels import checksum as C
 from kernels import differential as D
 from kernels import topk as T
+from kernels import topk_keys as K
 from nblib.instruments import canary, gediff
 
-COMPILED = dict(checksum=C._page_checksum_kernel, differential=D._differential_kernel)
+# before the fixture swaps in interpreted twins
+COMPILED = dict(
+    checksum=C._page_checksum_kernel, diff_chunks=D._diff_chunks_kernel, diff_rows=D._diff_rows_kernel
+)
 
 pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # inf - inf
 
 
 @pytest.fixture(autouse=True)
 def _interpreted(monkeypatch):
-    interpret(monkeypatch, C, D, T)
+    interpret(monkeypatch, C, D, T, K)
 
 
 # ---------------------------------------------------------------- page checksums
@@ -119,6 +123,24 @@ def test_differential_fills_given_outputs_for_strided_rows():
     assert [torch.equal(a, b) for a, b in zip(out, D.ref_differential(g, e, 8))] == [True] * 3
 
 
+@pytest.mark.parametrize("chunk", [1024, 16384])
+def test_differential_for_any_number_of_chunks(chunk):
+    """Rows of 10000 in 10 chunks (not a power of two: the rows kernel pads them) or in one: the
+    reference's figures on every case, the argmax's first occurrence found across chunks."""
+    for name, graph, eager in D.cases("cpu"):
+        got = D.differential(graph, eager, 64, config=dict(chunk=chunk))
+        want = D.ref_differential(graph, eager, 64)
+        assert [torch.equal(a, b) for a, b in zip(got, want)] == [True] * 3, name
+
+
+def test_differential_refuses_cpu_tensors_outside_the_interpreter(monkeypatch):
+    monkeypatch.setattr(D, "_diff_chunks_kernel", COMPILED["diff_chunks"])
+    monkeypatch.setattr(D, "_diff_rows_kernel", COMPILED["diff_rows"])
+    g = torch.randn(2, 100)
+    with pytest.raises(ValueError, match="needs CUDA tensors"):
+        D.differential(g, g, 5)
+
+
 def test_differential_validation_errors():
     g = torch.randn(3, 100)
     bad = [
@@ -131,6 +153,8 @@ def test_differential_validation_errors():
             lambda: D.differential(g, g, 5, D.DiffRows(g[:, 0], g[:, 0], g[:, 0])),
             "out.max_abs must be contiguous",
         ),
+        (lambda: D.differential(g, g, 5, config=dict(chunk=1000)), "chunk must be a power of two"),
+        (lambda: D.differential(g, g, 5, config=dict(warps=4)), r"unknown config keys \['warps'\]"),
     ]
     for fn, msg in bad:
         with pytest.raises(ValueError, match=msg):

@@ -1,5 +1,6 @@
-"""The Triton top-k (kernels.topk) against torch on random, tied, all -inf, short and long rows,
-in Triton's interpreter on the CPU; its references; its argument checks; the custom op."""
+"""The Triton top-k kernels (kernels.topk_radix, the default, and kernels.topk's "bound" pair) against
+torch on random, tied, all -inf, short and long rows, in Triton's interpreter on the CPU; the
+references; the argument checks; the custom op."""
 
 import pytest
 import torch
@@ -8,14 +9,20 @@ from interp import interpret, run_without_interpreter
 from kernels import indexer as kx
 from kernels import topk as T
 from kernels import topk_check as TC
+from kernels import topk_keys as K
+from kernels import topk_radix as R
+from kernels.launch import run
 
-COMPILED = (T._row_maxima_kernel, T._topk_kernel)  # before the fixture swaps in interpreted twins
+# before the fixture swaps in interpreted twins
+COMPILED = (K._row_maxima_kernel, T._topk_kernel, R._candidates_kernel, R._select_kernel)
+# radix: chunks of 1024 entries, so a row of 4096 spans 4 candidate lists
+KERNEL_CONFIGS = dict(radix=dict(chunk=1024), bound=None)
 NEG_INF = float("-inf")
 
 
 @pytest.fixture(autouse=True)
 def _interpreted(monkeypatch):
-    interpret(monkeypatch, T)
+    interpret(monkeypatch, T, R, K)
 
 
 # ---------------------------------------------------------------- references
@@ -56,33 +63,51 @@ def test_lengths_mask_past_the_end():
 # ---------------------------------------------------------------- kernel (interpreter)
 
 
+@pytest.mark.parametrize("kernel", T.KERNELS)
 @pytest.mark.parametrize("name", [c[0] for c in TC.cases("cpu", width=256, k=16, bs=1)])
-def test_kernel_matches_reference_and_torch(name):
+def test_kernel_matches_reference_and_torch(name, kernel):
     # width 4096, k 64: the sub-chunk bound is in force (256 maxima >= k); short_row: it is not
     assert T._sub_chunks(4096, 64, T.TOPK_CONFIG["maxima"]) == (16, 256)
     x, lens = next((x, lens) for n, x, lens in TC.cases("cpu", width=4096, k=64, bs=3) if n == name)
-    assert TC.check_rows(x, 64, lens) == 3
+    assert TC.check_rows(x, 64, lens, kernel=kernel, config=KERNEL_CONFIGS[kernel]) == 3
 
 
-def test_kernel_at_the_models_shape():
-    """k 512 over 65536 logits, random and tied rows (two rows each: the interpreter is slow)."""
+@pytest.mark.parametrize("kernel", T.KERNELS)
+def test_kernel_at_the_models_shape(kernel):
+    """k 512 over 65536 logits, random and tied rows (two rows each: the interpreter is slow). On
+    tied rows the radix select has 16384 candidates, more than its registers hold (cap 2048)."""
     for name, x, lens in TC.cases("cpu", width=65536, k=512, bs=2)[:2]:
-        assert TC.check_rows(x, 512, lens) == 2, name
+        assert TC.check_rows(x, 512, lens, kernel=kernel) == 2, name
 
 
-def test_kernel_without_the_bound_falls_back_to_every_entry():
+@pytest.mark.parametrize("kernel", T.KERNELS)
+def test_kernel_without_the_bound_falls_back_to_every_entry(kernel):
     x = torch.randn(2, 300)
     sub, num_max = T._sub_chunks(300, 256, T.TOPK_CONFIG["maxima"])
     assert num_max < 256  # fewer sub-chunks than k: the bound is 0, every entry a candidate
-    assert TC.check_rows(x, 256) == 2
+    assert TC.check_rows(x, 256, kernel=kernel) == 2
+
+
+def test_radix_select_beyond_its_registers():
+    """cap 64: rows with more candidates than that take the select that reads the lists once per
+    pass; a row with fewer (its -inf entries are never candidates) stays in registers; both give
+    the reference's indices, on every kind of row."""
+    x = torch.randn(3, 4096)
+    x[1, 50:] = NEG_INF  # 50 candidates at most: in registers
+    launches = R.plan_topk_radix(x, 64, config=dict(chunk=1024, cap=64))
+    for launch in launches:
+        run(launch)
+    counts, out = launches[-1].args["cnt_ptr"], launches[-1].args["out_ptr"]
+    assert counts[0].sum() > 64 and counts[1].sum() == 50
+    assert torch.equal(out, T.ref_topk_indices(x, 64))
+    for name, x, lens in TC.cases("cpu", width=4096, k=64, bs=2):
+        assert TC.check_rows(x, 64, lens, kernel="radix", config=dict(chunk=1024, cap=64)) == 2, name
 
 
 def test_minus_inf_entries_are_never_candidates():
     """A graph's padded rows are all -inf, and a short row is mostly -inf: they write no
     candidate (else every entry of such a row would be one, the slowest case), and still come out
     as the contract says: the finite entries in index order, then -1s."""
-    from kernels.launch import run
-
     x = torch.randn(3, 4096)
     x[1] = NEG_INF  # a padded row
     x[2, 40:] = NEG_INF  # fewer finite entries than k
@@ -97,11 +122,29 @@ def test_minus_inf_entries_are_never_candidates():
     assert out[1].tolist() == [-1] * 64 and out[2].tolist() == list(range(40)) + [-1] * 24
 
 
-def test_kernel_fills_a_given_out_and_a_strided_row():
+def test_minus_inf_entries_are_never_radix_candidates():
+    """The same for the radix select: no chunk of the padded row lists a candidate, and the short
+    row's first chunk lists exactly its 40 finite entries, in index order."""
+    x = torch.randn(3, 4096)
+    x[1] = NEG_INF
+    x[2, 40:] = NEG_INF
+    launches = R.plan_topk_radix(x, 64, config=dict(chunk=1024))
+    for launch in launches:
+        run(launch)
+    args = launches[-1].args
+    counts, cidx, out = args["cnt_ptr"], args["cidx_ptr"], args["out_ptr"]
+    assert counts[1].tolist() == [0] * 4 and counts[2].tolist() == [40, 0, 0, 0]
+    assert cidx[2, :40].tolist() == list(range(40))
+    assert torch.equal(out, T.ref_topk_indices(x, 64))
+    assert out[1].tolist() == [-1] * 64 and out[2].tolist() == list(range(40)) + [-1] * 24
+
+
+@pytest.mark.parametrize("kernel", T.KERNELS)
+def test_kernel_fills_a_given_out_and_a_strided_row(kernel):
     big = torch.randn(3, 5000)
     x = big[:, :4096]  # rows 5000 apart: the row stride is honoured
     out = torch.full((3, 64), 7, dtype=torch.int32)
-    got = T.topk_indices_triton(x, 64, out=out)
+    got = T.topk_indices_triton(x, 64, out=out, kernel=kernel, config=KERNEL_CONFIGS[kernel])
     assert got is out
     assert torch.equal(out, T.ref_topk_indices(x, 64))
 
@@ -135,6 +178,10 @@ def test_validation_errors():
         (lambda: T.topk_indices_triton(x, 5, lens.to("meta")), "must be on one device"),
         (lambda: T.topk_indices(x, 101), "k=101 is larger than the row"),
         (lambda: T.topk_indices_triton(x, 5, config=dict(radix_bits=5)), "radix_bits must divide 32"),
+        (lambda: T.topk_indices_triton(x, 5, kernel="bound", config=dict(radix_bits=5)), "must divide 32"),
+        (lambda: T.topk_indices_triton(x, 5, config=dict(chunk=1000)), "chunk must be a power of two"),
+        (lambda: T.topk_indices_triton(x, 5, config=dict(block=1024)), r"unknown config keys \['block'\]"),
+        (lambda: T.topk_indices_triton(x, 5, kernel="sort"), "kernel must be one of radix, bound"),
     ]
     for fn, msg in bad:
         with pytest.raises(ValueError, match=msg):
@@ -144,8 +191,11 @@ def test_validation_errors():
 def test_refuses_cpu_tensors_outside_the_interpreter(monkeypatch):
     monkeypatch.setattr(T, "_row_maxima_kernel", COMPILED[0])
     monkeypatch.setattr(T, "_topk_kernel", COMPILED[1])
-    with pytest.raises(ValueError, match="needs CUDA tensors, got cpu"):
-        T.topk_indices_triton(torch.randn(2, 100), 5)
+    monkeypatch.setattr(R, "_candidates_kernel", COMPILED[2])
+    monkeypatch.setattr(R, "_select_kernel", COMPILED[3])
+    for kernel in T.KERNELS:
+        with pytest.raises(ValueError, match="needs CUDA tensors, got cpu"):
+            T.topk_indices_triton(torch.randn(2, 100), 5, kernel=kernel)
 
 
 # ---------------------------------------------------------------- GPU
@@ -154,36 +204,37 @@ def test_refuses_cpu_tensors_outside_the_interpreter(monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_gpu_check():
-    code = "from kernels import topk_check; print(topk_check.check('cuda'))"
+    code = "from kernels import topk_check as c; print(c.check('cuda'), c.check('cuda', kernel='bound'))"
     r = run_without_interpreter(["-c", code], timeout=600)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
 
 
+@pytest.mark.parametrize("kernel", T.KERNELS)
 @pytest.mark.parametrize("passes", [0, 1, 3])
-def test_kernel_with_each_bound(passes):
+def test_kernel_with_each_bound(passes, kernel):
     """bound_passes (2 by default, which the other tests run): the bound is the k-th largest
     sub-chunk maximum's top 8*passes bits, or (0) the maximum itself; a looser lower bound means
     more candidates, and each must select the same set on every kind of row."""
-    cfg = dict(bound_passes=passes)
+    cfg = dict(KERNEL_CONFIGS[kernel] or {}, bound_passes=passes)
     for name, x, lens in TC.cases("cpu", width=4096, k=64, bs=2):
-        assert TC.check_rows(x, 64, lens, config=cfg) == 2, name
+        assert TC.check_rows(x, 64, lens, kernel=kernel, config=cfg) == 2, name
     x = TC.cases("cpu", width=65536, k=512, bs=1)[0][1]
-    assert TC.check_rows(x, 512, config=cfg) == 1
+    assert TC.check_rows(x, 512, kernel=kernel, config=cfg) == 1
 
 
 PDL_IN_A_GRAPH = """
 import sys, torch
 from kernels import topk as T
-pdl = int(sys.argv[1])
+pdl, kernel = int(sys.argv[1]), sys.argv[2]
 x = torch.randn(32, 65536, device="cuda")
 x[3, 1000:] = float("-inf")  # a short row, and a padded one
 x[5] = float("-inf")
 want = T.ref_topk_indices(x, 512)
 out = torch.full((32, 512), -7, dtype=torch.int32, device="cuda")
-T.topk_indices_triton(x, 512, out=out, config=dict(pdl=pdl))  # compile outside the capture
+T.topk_indices_triton(x, 512, out=out, config=dict(pdl=pdl), kernel=kernel)  # compile outside the capture
 graph = torch.cuda.CUDAGraph()
 with torch.cuda.graph(graph):
-    T.topk_indices_triton(x, 512, out=out, config=dict(pdl=pdl))
+    T.topk_indices_triton(x, 512, out=out, config=dict(pdl=pdl), kernel=kernel)
 for _ in range(3):
     out.fill_(-7)
     graph.replay()
@@ -195,10 +246,11 @@ print("same")
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("kernel", ["radix", "bound"])
 @pytest.mark.parametrize("pdl", [0, 1])
-def test_programmatic_launch_inside_a_graph_matches_torch(pdl):
-    """The select kernel launched as a programmatic dependent of the maxima kernel, captured in a
-    CUDA graph as the model replays it: the reference's indices, as without (compiled kernels, in
-    a process of its own)."""
-    r = run_without_interpreter(["-c", PDL_IN_A_GRAPH, str(pdl)], timeout=600)
+def test_programmatic_launch_inside_a_graph_matches_torch(pdl, kernel):
+    """Each kernel launched as a programmatic dependent of the one before, captured in a CUDA
+    graph as the model replays it: the reference's indices, as without (compiled kernels, in a
+    process of its own)."""
+    r = run_without_interpreter(["-c", PDL_IN_A_GRAPH, str(pdl), kernel], timeout=600)
     assert r.returncode == 0 and "same" in r.stdout, r.stdout[-2000:] + r.stderr[-4000:]

@@ -1,0 +1,118 @@
+"""The pieces both Triton top-k kernels share (kernels.topk's "bound" pair and kernels.topk_radix):
+the argument checks, the float -> uint32 order key, the k-th-largest helpers over a block of keys,
+and the sub-chunk maxima kernel that reads each row once. A module of its own so that kernels.topk
+(which dispatches to either kernel) and kernels.topk_radix import it without importing each other.
+"""
+
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents
+
+from kernels import args as A
+
+
+def check_topk_args(logits, k):
+    A.tensor("logits", logits, (torch.float32, torch.float16, torch.bfloat16, torch.float64), ndim=2)
+    A.need(isinstance(k, int) and k >= 1, f"k must be a positive int, got {k!r}")
+    A.need(k <= logits.shape[1], f"k={k} is larger than the row ({logits.shape[1]} logits)")
+
+
+NEG_INF_KEY = tl.constexpr(0x007FFFFF)  # _order_key(-inf): no other float maps to it
+
+
+@triton.jit
+def _order_key(x):
+    """float32 -> uint32, unsigned order == float order; NaN above +inf, -0.0 == +0.0."""
+    bits = x.to(tl.uint32, bitcast=True)
+    key = tl.where((bits & 0x80000000) != 0, bits ^ 0xFFFFFFFF, bits | 0x80000000)
+    key = tl.where(x == 0.0, 0x80000000, key)
+    return tl.where(x != x, 0xFFFFFFFF, key)  # noqa: PLR0124 (x != x: NaN)
+
+
+@triton.jit
+def _kth_largest(keys, k, BITS: tl.constexpr):
+    """The k-th largest of a block of uint32 keys (0 if fewer than k are nonzero): the largest t
+    with at least k keys >= t, BITS bits at a time from the top (2^BITS counts per step)."""
+    t = tl.zeros([], tl.uint32)
+    digits = tl.arange(0, 1 << BITS).to(tl.uint32)
+    for step in tl.static_range(32 // BITS):
+        SH = 32 - BITS * (step + 1)
+        cand = t | (digits << SH)  # cand[0] == t: at least k keys reach it, by induction
+        count = tl.sum((keys[:, None] >= cand[None, :]).to(tl.int32), axis=0)
+        d = tl.maximum(tl.sum((count >= k).to(tl.int32)) - 1, 0)
+        t = t | (d.to(tl.uint32) << SH)
+    return t
+
+
+@triton.jit
+def _kth_largest_prefix(keys, k, PASSES: tl.constexpr):
+    """A lower bound on the k-th largest of a block of uint32 keys, in PASSES histogram passes:
+    the k-th largest's top 8*PASSES bits, the rest 0. At least k keys reach it (the bin chosen
+    at each pass holds the k-th largest), and it is <= the k-th largest, so every top-k entry
+    reaches it: a looser bound than _kth_largest's exact one, from 2 block reductions a pass
+    instead of 32 // BITS dependent steps."""
+    bins = tl.arange(0, 256)
+    t = tl.zeros([], tl.uint32)
+    k_rem = k + tl.zeros([], tl.int32)
+    for p in tl.static_range(PASSES):
+        SH = 24 - 8 * p  # constexpr: p is a static_range index
+        ok = keys >= 0  # every key at the first pass, then those matching the prefix so far
+        if p > 0:
+            ok = (keys >> (SH + 8)) == (t >> (SH + 8))
+        hist = tl.histogram(((keys >> SH) & 255).to(tl.int32), 256, mask=ok)
+        ge = tl.sum(hist) - tl.cumsum(hist, 0) + hist  # keys whose digit >= d
+        d = tl.maximum(tl.sum((ge >= k_rem).to(tl.int32)) - 1, 0)
+        k_rem -= tl.sum(tl.where(bins == d, ge - hist, 0))
+        t = t | (d.to(tl.uint32) << SH)
+    return t
+
+
+@triton.jit
+def _row_maxima_kernel(
+    x_ptr,
+    len_ptr,
+    max_ptr,
+    width,
+    stride_x,
+    stride_m,
+    HAS_LEN: tl.constexpr,
+    SUB: tl.constexpr,
+    SUBS: tl.constexpr,  # sub-chunks per program
+    PDL: tl.constexpr,  # let the select kernel launch now: it waits for this grid in gdc_wait
+):
+    """maxima[row, j] = largest order key among entries [j*SUB, (j+1)*SUB) of the row (0 where
+    none is valid): the one pass over the whole row, spread over many programs."""
+    if PDL:
+        gdc_launch_dependents()
+    row = tl.program_id(0).to(tl.int64)
+    n = width
+    if HAS_LEN:
+        n = tl.minimum(tl.maximum(tl.load(len_ptr + row), 0), width)
+    sub = tl.program_id(1) * SUBS + tl.arange(0, SUBS)
+    t = sub[:, None] * SUB + tl.arange(0, SUB)[None, :]
+    ok = t < n
+    key = tl.where(ok, _order_key(tl.load(x_ptr + row * stride_x + t, mask=ok, other=0.0)), 0)
+    m = tl.max(key, axis=1)
+    tl.store(max_ptr + row * stride_m + sub, m.to(tl.int32, bitcast=True))
+
+
+def _check_triton_args(logits, k, lengths, out):
+    A.tensor("logits", logits, torch.float32, ndim=2, last_contiguous=True)
+    check_topk_args(logits, k)
+    A.need(logits.shape[1] < 2**31, f"rows of {logits.shape[1]} logits do not fit int32 indices")
+    bs = logits.shape[0]
+    if lengths is not None:
+        A.tensor("lengths", lengths, torch.int32, shape=(bs,), contiguous=True)
+        A.same_device(logits=logits, lengths=lengths)
+    if out is not None:
+        A.tensor("out", out, torch.int32, shape=(bs, k), last_contiguous=True)
+        A.same_device(logits=logits, out=out)
+
+
+def _sub_chunks(width, k, target):
+    """(SUB, NUM_MAX): sub-chunk length (>= 16) and the power-of-two count of sub-chunk maxima,
+    about `target` of them and at least 2k where the row allows (the k-th largest must exist)."""
+    target = max(target, triton.next_power_of_2(2 * k))
+    sub = max(16, triton.next_power_of_2(triton.cdiv(width, target)))
+    return sub, triton.next_power_of_2(triton.cdiv(width, sub))
