@@ -3,6 +3,7 @@ a real headless browser (Debian's chromium through Playwright): pages load witho
 images load, internal links resolve, no traceback shows. A broken site must fail the same check."""
 
 import json
+import os
 import re
 
 import pytest
@@ -10,9 +11,31 @@ from markupsafe import escape
 
 from nblib.publish import browse, site, suite
 
-needs_chromium = pytest.mark.skipif(
-    not browse.CHROMIUM.exists(), reason=f"{browse.CHROMIUM} is absent (apt-get install -y chromium)"
-)
+# set by .ci/run (CI=true by most CI services): there a missing browser fails the browser tests
+# instead of skipping them, so the site check cannot silently stop running
+MUST_BROWSE = "NBLIB_REQUIRE_BROWSER"
+
+
+def browser_required():
+    return os.environ.get(MUST_BROWSE) == "1" or os.environ.get("CI", "").lower() in ("1", "true")
+
+
+def chromium_or_skip():
+    """Skip without Chromium, or fail when the browser is required here."""
+    if browse.CHROMIUM.exists():
+        return
+    why = f"{browse.CHROMIUM} is absent (apt-get install -y chromium)"
+    if browser_required():
+        pytest.fail(f"{why}: {MUST_BROWSE}=1 or CI requires the browser check")
+    pytest.skip(why)
+
+
+needs_chromium = pytest.mark.usefixtures("chromium")
+
+
+@pytest.fixture
+def chromium():
+    chromium_or_skip()
 
 
 def links(page):
@@ -68,6 +91,34 @@ def test_the_site_in_a_headless_browser(ci_suite, built):
 
 
 @needs_chromium
+def test_no_page_of_the_run_folder_loads_anything_from_outside_it(ci_suite, built):
+    """The run's index, every executed notebook's page and the site it links, in the browser: no
+    request leaves the folder, no console error, on every page."""
+    check = browse.check(ci_suite)
+    assert check.external_requests == [] and check.console_errors == []
+    assert check.problems() == []
+    notebooks = {f"{n}.html" for n in suite.NOTEBOOKS}
+    assert notebooks <= set(check.pages)  # the executed notebooks' own pages
+    assert {f"site/{p}" for p in built.pages} <= set(check.pages)  # and the site, through its link
+
+
+def test_the_site_pages_share_one_type_and_each_notebook_page_has_its_contents(built):
+    """One font family for prose (the site's --font, also JupyterLab's on the notebook pages),
+    code folded under a summary in the same family, a table of contents linking the page's sections."""
+    nb = (built.root / "00_reproduce.html").read_text()
+    assert "--jp-content-font-family: var(--font)" in nb and "--jp-ui-font-family: var(--font)" in nb
+    assert "details.code > summary { font-family: var(--font)" in nb
+    toc = re.search(r'<nav class="toc">(.*?)</nav>', nb, re.S)
+    assert toc, "no table of contents"
+    anchors = re.findall(r'href="#([^"]+)"', toc.group(1))
+    ids = set(re.findall(r'<h[23] id="([^"]+)"', nb))
+    assert anchors and set(anchors) == ids  # every section listed, every entry a section
+    for name in ("index.html", "writeup.html", "environment.html"):
+        page = (built.root / name).read_text()
+        assert "body { font-family: var(--font)" in page, name
+
+
+@needs_chromium
 def test_the_browser_check_catches_a_broken_site(tmp_path):
     (tmp_path / "index.html").write_text(
         '<!doctype html><link rel="icon" href="data:,"><a href="two.html">two</a>'
@@ -76,12 +127,26 @@ def test_the_browser_check_catches_a_broken_site(tmp_path):
     (tmp_path / "two.html").write_text(
         '<!doctype html><link rel="icon" href="data:,"><pre>Traceback (most recent call last):\n  boom</pre>'
         "<script>undefined_function()</script>"
+        '<script src="https://cdn.example.invalid/require.js"></script>'  # refused, never fetched
     )
     check = browse.check(tmp_path)
     assert check.pages == ["index.html", "two.html"]
     assert [h.rsplit("/", 1)[-1] for _, h in check.broken_links] == ["gone.html", "two.html#nowhere"]
     assert [s.rsplit("/", 1)[-1] for _, s in check.broken_images] == ["missing.png"]
     assert check.tracebacks == ["two.html"]
+    assert check.external_requests == [("two.html", "https://cdn.example.invalid/require.js")]
     pages_with_errors = {p for p, _ in check.console_errors}
     assert pages_with_errors == {"index.html", "two.html"}  # the missing image, the script error
     assert not check.ok
+
+
+@pytest.mark.parametrize("env", [{MUST_BROWSE: "1"}, {"CI": "true"}, {}])
+def test_a_missing_browser_fails_where_it_is_required_and_skips_elsewhere(monkeypatch, tmp_path, env):
+    monkeypatch.setattr(browse, "CHROMIUM", tmp_path / "chromium")
+    for k in (MUST_BROWSE, "CI"):
+        monkeypatch.delenv(k, raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    outcome = pytest.fail.Exception if env else pytest.skip.Exception
+    with pytest.raises(outcome, match="chromium is absent"):
+        chromium_or_skip()

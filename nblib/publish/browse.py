@@ -1,12 +1,15 @@
-"""The published site, checked in a real headless browser: Debian's Chromium driven by Playwright
-(Playwright cannot download its own browser here), the site served over HTTP from its folder.
+"""A run folder or its published site, checked in a real headless browser: Debian's Chromium driven
+by Playwright (Playwright cannot download its own browser here), the folder served over HTTP.
 
     check = nblib.publish.browse.check("outputs/gpu/site", screenshot="outputs/gpu/landing.png")
+    check = nblib.publish.browse.check("outputs/gpu")     # the run's index, its notebooks' pages, its site
     check.ok, check.problems()
 
-It starts at index.html and follows every internal link. On each page: no console error (a
-resource that fails to load logs one), every image loaded with a natural width > 0, every internal
-link (and #anchor) resolves, and no traceback text is visible.
+It starts at index.html and follows every internal link. On each page: nothing is requested from
+outside the folder (every such request is recorded and refused, so a page that would reach a CDN
+fails here even on a machine with a network), no console error (a resource that fails to load logs
+one), every image loaded with a natural width > 0, every internal link (and #anchor) resolves, and
+no traceback text is visible.
 """
 
 import functools
@@ -25,6 +28,7 @@ TRACEBACK = "Traceback (most recent call last)"
 class Check:
     pages: list = field(default_factory=list)  # paths visited, landing page first
     console_errors: list = field(default_factory=list)  # (page, text)
+    external_requests: list = field(default_factory=list)  # (page, url): a load from outside the folder
     broken_images: list = field(default_factory=list)  # (page, src)
     broken_links: list = field(default_factory=list)  # (page, href)
     tracebacks: list = field(default_factory=list)  # pages showing one
@@ -33,10 +37,17 @@ class Check:
 
     @property
     def ok(self):
-        return not (self.console_errors or self.broken_images or self.broken_links or self.tracebacks)
+        return not (
+            self.external_requests
+            or self.console_errors
+            or self.broken_images
+            or self.broken_links
+            or self.tracebacks
+        )
 
     def problems(self):
         return [
+            *(f"{p}: loads from outside the folder: {u}" for p, u in self.external_requests),
             *(f"{p}: console error: {t}" for p, t in self.console_errors),
             *(f"{p}: image did not load: {s}" for p, s in self.broken_images),
             *(f"{p}: link does not resolve: {h}" for p, h in self.broken_links),
@@ -69,8 +80,9 @@ def chromium_missing():
 
 
 def check(site_dir, screenshot=None):
-    """Visit every page reachable from site_dir/index.html; returns a Check. `screenshot`: a path
-    for a full-page PNG of the landing page."""
+    """Visit every page reachable from site_dir/index.html (a site, or a run folder: its index, the
+    executed notebooks' pages and the site it links); returns a Check. `screenshot`: a path for a
+    PNG of the landing page's first screen."""
     from playwright.sync_api import sync_playwright  # optional dependency (see chromium_missing)
 
     site_dir = Path(site_dir)
@@ -93,9 +105,24 @@ def check(site_dir, screenshot=None):
     return out
 
 
+def _guard(page, base, out, current):
+    """Record and refuse every request that leaves the folder (inline data: URLs load nothing)."""
+
+    def route(r):
+        url = r.request.url
+        if url.startswith(base) or url.startswith("data:"):
+            r.continue_()
+        else:
+            out.external_requests.append((current["path"], url))
+            r.abort()
+
+    page.route("**/*", route)
+
+
 def _crawl(browser, base, out, screenshot):
     page = browser.new_page(viewport={"width": 1280, "height": 1100})
     current = {"path": None}
+    _guard(page, base, out, current)
     page.on("console", lambda m: m.type == "error" and out.console_errors.append((current["path"], m.text)))
     page.on("pageerror", lambda e: out.console_errors.append((current["path"], str(e))))
     todo, seen, anchors, ids = ["index.html"], {"index.html"}, [], {}

@@ -1,100 +1,177 @@
-"""Figures for the notebooks; each returns a matplotlib Figure and saves nothing by itself."""
+"""Figures for the notebooks; each returns a matplotlib Figure and saves nothing by itself.
+
+Every figure is drawn to be read where the site shows it (about 1000 px wide, saved at DPI): no
+two labels overlap, none leaves the canvas, and text on a coloured cell takes the ink (black or
+white) with the higher WCAG contrast against that cell. tests/test_figures.py checks all three."""
 
 import matplotlib.pyplot as plt
+from matplotlib.colors import to_rgb
+
+from nblib.publish.caveats import timing_label
+
+DPI = 120  # what the notebooks save at; the tests render at the same
+HAZARD = "#c0161c"  # the racing ops: a red that keeps 4.5:1 against white for its labels
+OP = "#7ea6cf"  # every other op: light, so the two racing ops stand out
+
+
+def _luminance(colour):
+    """WCAG 2.x relative luminance of a matplotlib colour."""
+    lin = [c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4 for c in to_rgb(colour)]
+    return 0.2126 * lin[0] + 0.7152 * lin[1] + 0.0722 * lin[2]
+
+
+def ink(background):
+    """Black or white, whichever contrasts more with `background` (WCAG: (L1 + .05) / (L2 + .05))."""
+    lum = _luminance(background)
+    return "black" if (lum + 0.05) / 0.05 >= 1.05 / (lum + 0.05) else "white"
 
 
 def corruption_heatmap(rows, level="session"):
     """One line per (index dtype, mode, overlap), one column per bucket: the corrupted fraction,
-    annotated with k/n. Clean cells are white, so the fingerprint reads at a glance."""
+    annotated with k/n ("none" where no step filled the bucket). Clean cells are near white, so the
+    fingerprint reads at a glance; each count is inked black or white against its cell."""
     configs = sorted({(r["index_dtype"], r["mode"], r["overlap"]) for r in rows})
     buckets = sorted({r["bucket"] for r in rows})
     key_k, key_n = ("corrupted_sessions", "sessions") if level == "session" else ("corrupted_steps", "steps")
     grid = [[float("nan")] * len(buckets) for _ in configs]
-    fig, ax = plt.subplots(figsize=(1.2 * len(buckets) + 3, 0.5 * len(configs) + 1.5))
+    fig, ax = plt.subplots(figsize=(1.2 * len(buckets) + 3.4, max(3.0, 0.5 * len(configs) + 1.5)))
+    cmap = plt.get_cmap("Reds")
     for r in rows:
         i, j = configs.index((r["index_dtype"], r["mode"], r["overlap"])), buckets.index(r["bucket"])
-        grid[i][j] = r[key_k] / r[key_n] if r[key_n] else float("nan")
-        ax.text(j, i, f"{r[key_k]}/{r[key_n]}", ha="center", va="center", fontsize=8)
-    im = ax.imshow(grid, cmap="Reds", vmin=0, vmax=1, aspect="auto")
+        frac = r[key_k] / r[key_n] if r[key_n] else None
+        grid[i][j] = float("nan") if frac is None else frac
+        cell = "white" if frac is None else cmap(frac)
+        text = f"{r[key_k]}/{r[key_n]}" if r[key_n] else "none"
+        ax.text(j, i, text, ha="center", va="center", fontsize=8, color=ink(cell))
+    im = ax.imshow(grid, cmap=cmap, vmin=0, vmax=1, aspect="auto")
     ax.set_xticks(range(len(buckets)), [str(b) for b in buckets])
     ax.set_yticks(range(len(configs)), [f"{d} {m} overlap {o}" for d, m, o in configs])
     ax.set_xlabel("decode batch size (bucket)")
-    ax.set_title(f"corrupted {level}s")
+    ax.set_title(f"corrupted {level}s (none: no step filled the bucket)", fontsize=10)
     fig.colorbar(im, ax=ax, label=f"fraction of {level}s corrupted")
     fig.tight_layout()
     return fig
 
 
-def stream_timeline(trace, hazards=(), schedule=None, title=None):
-    """The captured ops of one capture (nblib.instruments.trace.CaptureTrace) as bars, one lane per stream.
-    schedule: (starts, ends) by op index, e.g. a sim graph's last_schedule after a replay (seconds);
-    without one the x axis is the capture order. Ops in a hazard are red, joined by a dashed line."""
-    ops = trace.ops
-    streams = sorted({op.stream for op in ops}, key=lambda s: (s != "main", s))
-    lane = {s: i for i, s in enumerate(streams)}
-    if schedule is not None:
-        scale = 1e6
-        span = [
-            (schedule[0][op.index] * scale, (schedule[1][op.index] - schedule[0][op.index]) * scale)
-            for op in ops
-        ]
-        xlabel = "simulated time in one replay (us)"
-    else:
-        span = [(i, 0.9) for i in range(len(ops))]
-        xlabel = "capture order (op)"
-    at = {op.index: (x, w) for op, (x, w) in zip(ops, span)}
-    bad = {h.first.index for h in hazards} | {h.second.index for h in hazards}
-    fig, ax = plt.subplots(figsize=(11, 0.9 * len(streams) + 1.6))
-    for op, (x, w) in zip(ops, span):
-        ax.barh(
-            lane[op.stream],
-            w,
-            left=x,
-            height=0.6,
-            color="tab:red" if op.index in bad else "tab:blue",
-            edgecolor="white",
-            linewidth=0.5,
-        )
-    for h in {(h.first.index, h.second.index): h for h in hazards}.values():
-        (x1, w1), (x2, w2) = at[h.first.index], at[h.second.index]
-        ax.plot(
-            [x1 + w1 / 2, x2 + w2 / 2],
-            [lane[h.first.stream], lane[h.second.stream]],
-            "--",
-            color="tab:red",
-            linewidth=1,
-        )
-    for op, (x, w) in zip(ops, span):
-        if op.index in bad:
-            ax.annotate(
-                op.name.split("::")[-1],
-                (x + w / 2, lane[op.stream] + 0.33),
-                ha="center",
-                fontsize=7,
-                color="tab:red",
-            )
-    ax.set_yticks(range(len(streams)), streams)
-    ax.invert_yaxis()
-    ax.set_xlabel(xlabel)
-    ax.set_title(title or f"{trace.title()}: {len(hazards)} hazard(s) (red)")
+def step_times(times, variants=None):
+    """Decode-step time per bucket, one line per variant (median, quartiles as a band). How the
+    times were taken (CUDA events, or the simulator's host clock) is said under the axis."""
+    variants = variants or list(dict.fromkeys(t["variant"] for t in times))
+    fig, ax = plt.subplots(figsize=(8, 4.4))
+    colours = plt.get_cmap("tab10").colors
+    for i, v in enumerate(variants):
+        rs = sorted((t for t in times if t["variant"] == v), key=lambda t: t["bucket"])
+        b = [r["bucket"] for r in rs]
+        c = colours[i % len(colours)]
+        ax.plot(b, [r["median_ms"] for r in rs], "o-", label=v, color=c)
+        ax.fill_between(b, [r["q1_ms"] for r in rs], [r["q3_ms"] for r in rs], alpha=0.2, color=c)
+    ax.set_xscale("log", base=2)
+    buckets = sorted({t["bucket"] for t in times})
+    ax.set_xticks(buckets, [str(b) for b in buckets])
+    ax.minorticks_off()
+    method = times[0]["method"] if times else ""
+    ax.set_xlabel(f"decode batch size (bucket)\n{timing_label(method)}")
+    ax.set_ylabel("step time (ms)")
+    ax.set_title("decode step (graph replay): median, quartiles shaded", fontsize=10)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
     fig.tight_layout()
     return fig
 
 
-def step_times(times, variants=None):
-    """Decode-step time per bucket, one line per variant (median, quartiles as a band)."""
-    variants = variants or list(dict.fromkeys(t["variant"] for t in times))
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for v in variants:
-        rs = sorted((t for t in times if t["variant"] == v), key=lambda t: t["bucket"])
-        b = [r["bucket"] for r in rs]
-        ax.plot(b, [r["median_ms"] for r in rs], "o-", label=v)
-        ax.fill_between(b, [r["q1_ms"] for r in rs], [r["q3_ms"] for r in rs], alpha=0.2)
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("decode batch size (bucket)")
-    ax.set_ylabel(f"step time, ms ({rs[0]['method'] if rs else ''})")
-    ax.set_title("decode step (graph replay), median and quartiles")
-    ax.legend()
+def _spans(ops, schedule):
+    """{op index: (x, width)}: simulated microseconds of one replay, or the capture order."""
+    if schedule is None:
+        return {op.index: (i, 0.9) for i, op in enumerate(ops)}, "capture order (op)"
+    starts, ends = schedule[0], schedule[1]
+    at = {op.index: (starts[op.index] * 1e6, (ends[op.index] - starts[op.index]) * 1e6) for op in ops}
+    return at, "simulated time in one replay (us, the simulator's timing model)"
+
+
+def _together(h, at):
+    """How long the hazard's two ops ran at the same time in the drawn replay (x units)."""
+    (x1, w1), (x2, w2) = at[h.first.index], at[h.second.index]
+    return max(0.0, min(x1 + w1, x2 + w2) - max(x1, x2))
+
+
+def worst_hazard(hazards, at):
+    """The index of the hazard to draw: a reused block first (a free, then another tensor in its
+    bytes: the bug's kind), then the longest time its two ops ran together in the drawn replay,
+    then the most bytes."""
+    return max(
+        range(len(hazards)),
+        key=lambda i: (hazards[i].reused, _together(hazards[i], at), hazards[i].nbytes, -i),
+    )
+
+
+def _op_label(ax, op, tensor, x, lane, top):
+    """The op's name and tensor beside its bar, outside the lane (above the top lane, below any
+    other), aligned so it stays inside the axes."""
+    lo, hi = ax.get_xlim()
+    frac = (x - lo) / (hi - lo)
+    ha = "left" if frac < 0.2 else "right" if frac > 0.8 else "center"
+    y = lane - 0.36 if top else lane + 0.36
+    ax.text(
+        x, y, f"{op.name.split('::')[-1]} ({op.stream}): {tensor}", ha=ha,
+        va="bottom" if top else "top", fontsize=9, color=HAZARD,
+    )  # fmt: skip
+
+
+def _hazard_line(h, row, hazards, pick, at, schedule):
+    """The title's second line: which hazard is red, what it is, and how many the table holds."""
+    if len(hazards) == 1:
+        which = "the one hazard"
+    else:
+        which = (
+            f"the worst of {len(hazards)} hazards" if pick is None else f"hazard {pick + 1} of {len(hazards)}"
+        )
+    line = f"red: {which}, {row['kind']} on {row['nbytes']:,} bytes"
+    if schedule is not None:
+        t = _together(h, at)
+        line += f", ran together {t:.1f} us" if t else ", not overlapping in this replay"
+    rest = len(hazards) - 1
+    return line + (f"; {rest} more in the audit's table" if rest else "")
+
+
+def stream_timeline(trace, hazards=(), schedule=None, title=None, pick=None):
+    """The captured ops of one capture (nblib.instruments.trace.CaptureTrace) as bars, one lane per
+    stream, and ONE hazard drawn: its two ops in red, joined by an arrow, each named with its tensor.
+    pick: the index in `hazards` to draw (default: worst_hazard); the title counts the rest, which
+    the audit's table lists. schedule: (starts, ends) by op index, e.g. a sim graph's last_schedule
+    after a replay (seconds); without one the x axis is the capture order."""
+    ops = trace.ops
+    streams = sorted({op.stream for op in ops}, key=lambda s: (s != "main", s))
+    lane = {s: i for i, s in enumerate(streams)}
+    at, xlabel = _spans(ops, schedule)
+    hazards = list(hazards)
+    h = hazards[worst_hazard(hazards, at) if pick is None else pick] if hazards else None
+    lit = {h.first.index, h.second.index} if h else set()
+    fig, ax = plt.subplots(figsize=(11, 1.0 * len(streams) + 1.9))
+    for op in ops:
+        x, w = at[op.index]
+        colour = HAZARD if op.index in lit else OP
+        ax.barh(lane[op.stream], w, left=x, height=0.5, color=colour, edgecolor="white", linewidth=0.4)
+    ax.set_ylim(len(streams) - 0.4, -0.6)  # inverted: main on top, room for a label above and below
+    ax.set_yticks(range(len(streams)), streams)
+    ax.set_xlabel(xlabel)
+    end = max(x + w for x, w in at.values()) if at else 1.0
+    ax.set_xlim(0, end * 1.01)
+    head = title or trace.title()
+    if h is None:
+        ax.set_title(f"{head}\nno cross-stream hazard in this capture", fontsize=10)
+    else:
+        row = h.row()
+        (x1, w1), (x2, w2) = at[h.first.index], at[h.second.index]
+        y1, y2 = lane[h.first.stream], lane[h.second.stream]
+        ax.annotate(
+            "", xy=(x2 + w2 / 2, y2), xytext=(x1 + w1 / 2, y1),
+            arrowprops=dict(arrowstyle="->", color=HAZARD, linestyle="--", linewidth=1.2),
+        )  # fmt: skip
+        for op, tensor, x, w in (
+            (h.first, row["first_tensor"], x1, w1),
+            (h.second, row["second_tensor"], x2, w2),
+        ):
+            _op_label(ax, op, tensor, x + w / 2, lane[op.stream], lane[op.stream] == 0)
+        ax.set_title(f"{head}\n{_hazard_line(h, row, hazards, pick, at, schedule)}", fontsize=10)
     fig.tight_layout()
     return fig
 

@@ -3,14 +3,16 @@
     site = nblib.publish.site.build("outputs/gpu")      # Site(root, pages)
 
 Pages: index.html (the story, every notebook's verdict, the investigation step by step, the
-figures), one page per executed notebook (nbconvert with our template: JupyterLab's look, code
-folded under each cell), writeup.html (writeup.md), environment.html (device, versions, commit,
-params). Figures are copied beside the pages and every link is relative, so the folder can be
-served or attached as it is; no page loads anything from the network. nbconvert and jinja2 do the
-work (Jupyter Book 2 would add a Node toolchain to render the same six pages).
+figures), one page per executed notebook (nbconvert with our template: JupyterLab's look in the
+site's type, a table of contents, code folded under each cell), writeup.html (writeup.md),
+environment.html (device, versions, commit, params). Figures are copied beside the pages and every
+link is relative, so the folder can be served or attached as it is; no page loads anything from the
+network. nbconvert and jinja2 do the work (Jupyter Book 2 would add a Node toolchain to render the
+same six pages).
 """
 
 import json
+import re
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -47,8 +49,32 @@ def _results(run, name):
         return {}
 
 
+# a heading as nbconvert writes it: its id, then its text up to the anchor link it appends
+HEADING = re.compile(r'<h([23]) id="([^"]+)">(.*?)<a class="anchor-link"', re.S)
+TOC_MARK = "<!-- toc -->"
+
+
+def toc(html):
+    """The page's table of contents: one link per section (h2) and subsection (h3), in order.
+    The headings' text is nbconvert's HTML already; only its tags are dropped."""
+    items = [
+        f'<li class="h{level}"><a href="#{anchor}">{re.sub(r"<[^>]+>", "", text).strip()}</a></li>'
+        for level, anchor, text in HEADING.findall(html)
+    ]
+    if not items:
+        return ""
+    return f'<nav class="toc"><strong>On this page</strong><ol>{"".join(items)}</ol></nav>'
+
+
 def _notebook_page(ipynb, dest, nav):
-    write_text(dest, pages.notebook_html(ipynb, "nbpage", resources={"site_nav": nav}))
+    """The page, its table of contents under its title (or under the nav when it has none)."""
+    html = pages.notebook_html(ipynb, "nbpage", resources={"site_nav": nav})
+    contents = toc(html)
+    if "</h1>" in html:
+        html = html.replace(TOC_MARK, "", 1).replace("</h1>", "</h1>" + contents, 1)
+    else:
+        html = html.replace(TOC_MARK, contents, 1)
+    write_text(dest, html)
 
 
 def _environment(run, records):

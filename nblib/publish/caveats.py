@@ -1,0 +1,127 @@
+"""What a run's numbers mean on the backend that measured them.
+
+The CPU simulator runs the same allocator, streams, capture and replay as CUDA, so its rates,
+hazards and divergences are measurements of the simulated mechanism; its times are not. A time the
+simulator reports is either its timing model's (simulated microseconds of one replay) or the host's
+clock running its Python model, which prices Python, not kernels or launches. Figures, verdicts and
+the writeup say which, through these helpers, instead of a sentence written for a GPU."""
+
+GPU_TIMER = "cuda events"  # nblib.instruments.overhead.timer's method on CUDA
+
+
+def gpu_time(method):
+    """True when a timing method measured a GPU (CUDA events)."""
+    return method == GPU_TIMER
+
+
+def timing_label(method):
+    """What a timing method's numbers are, in the words a figure's axis or a verdict needs."""
+    if gpu_time(method):
+        return "GPU time (CUDA events)"
+    if not method:
+        return ""
+    return "simulated: the host's clock running the simulator's Python model, not GPU time"
+
+
+def overhead_sentence(cost):
+    """The notebook 02 verdict's overhead clause, from overhead.replay_times rows (neither first):
+    ratios over the plain replay, labelled with what they measured."""
+    ratios = ", ".join(f"{r['instrument']} x{r['ratio']:.2f}" for r in cost[1:] if r["ratio"] is not None)
+    method = cost[0]["method"] if cost else ""
+    if gpu_time(method):
+        return f"Overhead vs plain replay (GPU time, CUDA events): {ratios}."
+    return (
+        f"Overhead vs plain replay, simulated (the simulator's host time: it prices Python, not a GPU's "
+        f"kernels or launches): {ratios}."
+    )
+
+
+def divergence_note(arms, recommended=None):
+    """One sentence when a differential design diverged (notebook 02's arms, dicts), saying what a
+    divergence is and, when the recommended design is among them, what that means for it; "" else."""
+    seen = [a for a in arms if a.get("comparisons") and a.get("diverged")]
+    if not seen:
+        return ""
+    which = ", ".join(f"{a['design']} {a['diverged']}/{a['comparisons']}" for a in seen)
+    s = (
+        f"Diverged here: {which}. A divergence means the stashed logits differ from the same kernel rerun "
+        f"on the stashed inputs: the stash's copy ran after the main stream had written into the freed "
+        f"logits block, so the differential lost the race it watches (the campaign's saw zero divergence)."
+    )
+    if recommended in {a["design"] for a in seen}:
+        s += (
+            f" {recommended} is recommended on its rate and the planted divergence alone; its own "
+            f"comparisons diverged on this backend, so its stash is inside the window here."
+        )
+    return s
+
+
+def backend_notes(results):
+    """Where this run's backend changes what its numbers mean: [(notebook, sentence)], each from
+    the run's own results (nblib.publish.report.load's mapping); nothing for a clean GPU run."""
+    first = next((r for r in results.values() if r), {})
+    notes = []
+    if first.get("backend") == "sim":
+        notes.append(
+            (
+                "all",
+                "Measured on the CPU simulator: its caching allocator, streams, events, capture and replay "
+                "are the mechanism's, so rates, hazards and divergences are measurements of it; its replay "
+                "timing is a calibrated model and its host times are Python's, so no time here is a GPU's.",
+            )
+        )
+    for name, fn in _NOTES.items():
+        r = results.get(name)
+        if r:
+            notes += [(name, s) for s in fn(r) if s]
+    return notes
+
+
+def _n00(r):
+    """Which buckets corrupt, which alias, and where an alias stayed clean (the window's doing)."""
+    fp = r.get("fingerprint") or {}
+    alias = sorted({a["bucket"] for a in r.get("aliases", []) if a["overlap"] == "on" and a["bucket"] > 1})
+    reached = {
+        m["bucket"]
+        for m in r.get("matrix", [])
+        if (m["index_dtype"], m["mode"], m["overlap"]) == ("bf16", "graph", "on") and m["sessions"]
+    }
+    bad = fp.get("buckets_corrupting") or []
+    quiet = [b for b in alias if b not in bad and b in reached]
+    if not bad and not alias:
+        return []
+    s = f"Corrupting buckets in this run: {bad or 'none'}; buckets where a freed block was handed across: "
+    s += f"{alias}."
+    if quiet:
+        s += f" At {quiet} the blocks aliased but no step lost the race: the window kept them clean."
+    return [s]
+
+
+def _n02(r):
+    notes = [divergence_note([r["off"], *r["designs"]], r.get("recommended"))]
+    cost = r.get("overhead") or []
+    if cost and not gpu_time(cost[0]["method"]):
+        notes.append(
+            "The overhead ratios are the simulator's host time: they price Python, not kernels or launches."
+        )
+    return notes
+
+
+def _n03(r):
+    if r.get("csan") is None and r.get("backend") != "cuda":
+        return ["PyTorch's CUDA sanitizer instruments CUDA only: not run on this backend."]
+    return []
+
+
+def _n04(r):
+    unjudged = [c["check"] for c in r.get("checks", []) if c["holds"] is None]
+    if not unjudged:
+        return []
+    return [
+        f"{len(unjudged)} speed check(s) not judged: the step times are the simulator's host time, "
+        f"not a GPU's (the overlap's gain or cost there says nothing of a GPU's)."
+    ]
+
+
+_NOTES = {"00_reproduce": _n00, "02_graph_vs_eager": _n02, "03_stream_overlap": _n03}
+_NOTES["04_persistent_buffer_fix"] = _n04
