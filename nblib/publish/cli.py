@@ -2,6 +2,7 @@
 python -m nblib cells   (rewrite each notebook's parameters cell from the profile schema)
 python -m nblib sweep --params P --grid params/grids/G.yaml [--workers N | --ray auto|local|ADDRESS]
 python -m nblib publish RUN_DIR [--out RUN_DIR/site] [--check]
+python -m nblib window [--params P] [--out params/local-<gpu>.yaml] [--runs 2] [--depths LO:HI] [--band LO:HI]
 python -m nblib audit TARGET [--backend cuda|sim] [--json] [--label L]   (docs/audit.md; exit 0/1/2)"""
 
 import argparse
@@ -22,6 +23,11 @@ def main(argv=None):
     r.add_argument("--only", nargs="*", help="notebook name prefixes, e.g. 00 01")
     r.add_argument("--timeout", type=int, default=1800, help="seconds per cell")
     r.add_argument("--lanes", type=int, default=1, help="run 00-04 in N processes, one GPU each on CUDA")
+    r.add_argument(
+        "--bench",
+        action="store_true",
+        help="then write the speed table to outputs/bench-suite/<machine>-<commit>/",
+    )
     sub.add_parser("cells", help="rewrite each notebook's parameters cell from the profile schema")
     s = sub.add_parser("sweep", help="a notebook or the suite over a parameter grid, resumably")
     s.add_argument("--params", required=True, help="the profile every point starts from")
@@ -43,6 +49,12 @@ def main(argv=None):
     a.add_argument("--backend", choices=("auto", "cuda", "sim"), default="auto", help="default: cuda if any")
     a.add_argument("--json", action="store_true", help="print the report as JSON")
     a.add_argument("--label", help="the name the report gives the capture (default: TARGET)")
+    w = sub.add_parser("window", help="the trunk depth where the race is intermittent on this GPU")
+    w.add_argument("--params", help="profile to tune (default: params/gpu.yaml with CUDA, else sim.yaml)")
+    w.add_argument("--out", help="profile to write (default: params/local-<gpu name>.yaml; local-sim on sim)")
+    w.add_argument("--runs", type=int, default=2, help="protocol runs per depth (the confirm: protocol_runs)")
+    w.add_argument("--depths", help="LO:HI, trunk depths to search (default: around the profile's, widened)")
+    w.add_argument("--band", default="0.1:0.4", help="LO:HI, the intermittent share of sessions corrupted")
     args = ap.parse_args(argv)
     try:
         COMMANDS[args.cmd](args)
@@ -51,10 +63,19 @@ def main(argv=None):
 
 
 def _run(args):
-    from nblib.publish import suite
+    from nblib.publish import benchtable, suite
+    from nblib.publish import params as P
 
-    for rec in suite.run(args.params, args.out, args.only, args.timeout, args.lanes):
+    records = suite.run(args.params, args.out, args.only, args.timeout, args.lanes)
+    for rec in records:
         print(f"{rec['notebook']:26s} {rec['status']:6s} {rec['seconds']:7.1f} s  {rec.get('verdict') or ''}")
+    print(benchtable.text(records))  # where each notebook's time went, phase by phase
+    if args.bench:
+        backend = next((r["backend"] for r in records if r.get("backend")), "sim")
+        table, folder = benchtable.write(
+            records, backend, suite.shown_path(args.params or P.default_profile())
+        )
+        print(f"speed table: {folder}/speed.md (total {table.total_seconds:.1f} s)")
     out = suite.output_dir(args.params, args.out)
     print(f"outputs: {out}/index.html (every verdict), {out}/writeup.md (the writeup)")
 
@@ -119,7 +140,38 @@ def _audit(args):
     sys.exit(rep.exit_code)
 
 
-COMMANDS = {"run": _run, "cells": _cells, "sweep": _sweep, "publish": _publish, "audit": _audit}
+def _window(args):
+    """Exit 0 with the tuned profile written; 1 when no depth gives an intermittent rate (the points
+    printed say why; nothing written). Every argument is checked before a model is built."""
+    import yaml
+
+    from nblib.core.results import commit
+    from nblib.publish import params, suite
+    from nblib.studies import window
+
+    path = Path(args.params or params.default_profile())
+    profile = params.load(path)
+    ask = window.make_ask(args.depths, args.band, args.runs, profile)
+    if args.out and Path(args.out).suffix not in (".yaml", ".yml"):
+        raise ValueError(f"--out names the profile to write: a .yaml file, got {args.out}")
+    dev = params.resolve_backend(profile["backend"])
+    out = Path(args.out or params.ROOT / "params" / f"local-{window.device_slug(dev)}.yaml")
+    found = window.search(dev, profile, ask, suite.shown_path(path))
+    print(found.choice.reason)
+    if not found.found:
+        sys.exit(1)
+    window.write(out, yaml.safe_load(path.read_text()), profile["model"], found, commit())
+    print(f"wrote {out} in {found.seconds:.0f} s; run it: python -m nblib run --params {out}")
+
+
+COMMANDS = {
+    "run": _run,
+    "cells": _cells,
+    "sweep": _sweep,
+    "publish": _publish,
+    "audit": _audit,
+    "window": _window,
+}
 
 if __name__ == "__main__":
     main()
