@@ -8,7 +8,7 @@
             sweep.{json,md} in DIR, with the CONFIGS lines that would adopt the winners
   --only    some of logits, topk, checksum, differential (comma-separated; default all)
 
-Top-k rows: each of kernels.topk.KERNELS (triton_topk_radix, the default, and triton_topk_bound)
+Top-k rows: each of kernels.topk.KERNELS (triton_topk_bound, the default, and triton_topk_radix)
 beside torch_topk; us_dirty_l2 and speedup_vs_torch_dirty_l2 after do_bench's dirty L2 flush.
 
 One command for the committed tables, on the H200 (about 3 minutes):

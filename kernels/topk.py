@@ -1,8 +1,8 @@
 """Top-k entry indices of the indexer logits: which cached entries the sparse attention reads.
 
     topk_indices(logits, k)                       torch.topk, then the contract below
-    topk_indices_triton(logits, k, lengths=None)  Triton: kernels.topk_radix (the default, TOPK_KERNEL),
-                                                  or the "bound" pair below (kernel="bound")
+    topk_indices_triton(logits, k, lengths=None)  Triton: the "bound" pair below (the default, TOPK_KERNEL),
+                                                  or kernels.topk_radix (kernel="radix")
 
 The contract (both): int32 [bs, k], the indices of the k largest logits of each row, -1 where the
 value is -inf, sorted ascending with the -1s last, so graph and eager results compare as sets.
@@ -328,7 +328,10 @@ def plan_topk(logits, k, lengths=None, out=None, config=None, pdl=None):
 
 # Which kernels topk_indices_triton runs: "radix" (kernels.topk_radix: the select spread over
 # several programs per row) or "bound" (the two kernels above: one select program per row).
-TOPK_KERNEL = "radix"
+# On an H200, [32, 65536] fp32, k 512 (outputs/bench/h200-b81f95a/bench.md): bound 29.6 us, radix
+# 41.4 us (three launches, and one select program per row over ~540 candidates in registers), so the
+# default stays "bound"; radix is kept for the side-by-side bench and its sweep.
+TOPK_KERNEL = "bound"
 KERNELS = ("radix", "bound")
 
 

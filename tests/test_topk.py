@@ -1,4 +1,4 @@
-"""The Triton top-k kernels (kernels.topk_radix, the default, and kernels.topk's "bound" pair) against
+"""The Triton top-k kernels (kernels.topk's "bound" pair, the default, and kernels.topk_radix) against
 torch on random, tied, all -inf, short and long rows, in Triton's interpreter on the CPU; the
 references; the argument checks; the custom op."""
 
