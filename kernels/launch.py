@@ -1,7 +1,17 @@
-"""A kernel launch as a value: which kernel, grid, arguments and options. Launchers build one
-(the configs they pick depend on the GPU's architecture) and run it; the compile check
-(kernels.compile_check) builds the same launch for sm_90a / sm_100a and compiles it on any
-machine, through Triton's own argument specialization, so what it checks is what would run."""
+"""A kernel launch as a value: which kernel, grid, arguments and options, and the GPU it is for.
+Launchers build one (the configs they pick depend on the target: its compute capability, its SM
+count and its shared memory per block) and run it; the compile check (kernels.compile_check)
+builds the same launch for sm_80 ... sm_120 and compiles it on any machine, through Triton's own
+argument specialization, so what it checks is what would run.
+
+What runs where (kernels.logits_configs has the configs):
+
+  sm_80 / sm_86 (Ampere)   bf16 through pointer loads; no fp8 (no e4m3 tensor cores): refused
+  sm_89 (Ada)              bf16 and fp8 through pointer loads (no TMA on Ada)
+  sm_90a (Hopper)          K through a TMA descriptor, wgmma
+  sm_100a (Blackwell)      the H200's configs, tcgen05
+  sm_120 (RTX Blackwell)   bf16 and fp8 through pointer loads, mma.sync (no wgmma / tcgen05)
+"""
 
 from functools import cache
 from typing import NamedTuple
@@ -13,6 +23,39 @@ from triton.compiler import ASTSource, make_backend
 from triton.runtime.jit import create_function_from_signature
 
 DEFAULT_ARCH = 90  # the interpreter on a CPU plays an H200
+KB = 1024
+
+
+class Target(NamedTuple):
+    """The GPU a launch is planned for."""
+
+    arch: int  # compute capability as an int: 80 for sm_80, 120 for sm_120
+    name: str  # the device's name, or "sm_<arch>" for a target compiled for and not held
+    sms: int  # streaming multiprocessors
+    smem_per_block: int  # bytes of shared memory one CTA may opt in to
+
+
+class ArchFacts(NamedTuple):
+    sms: int  # SMs of the part named beside it: a product fact, not an architecture one
+    smem_per_block: int  # opt-in shared memory per block, bytes
+    threads_per_sm: int  # resident threads per SM (the compile check's occupancy estimate)
+
+
+# Used only where no device can say: a target compiled for and not held (kernels.compile_check),
+# the interpreter on a CPU, or a torch whose device properties lack shared_memory_per_block_optin.
+# Shared memory and threads: NVIDIA's per-compute-capability tables (the opt-in maximum per block
+# is an SM's capacity less the 1 KB CUDA reserves per block; CUTLASS's SMEM_CAPACITY_MAP agrees).
+ARCH_FACTS = {
+    80: ArchFacts(108, 163 * KB, 2048),  # A100
+    86: ArchFacts(84, 99 * KB, 1536),  # A40
+    89: ArchFacts(142, 99 * KB, 1536),  # L40S
+    90: ArchFacts(132, 227 * KB, 2048),  # H100 / H200 SXM
+    100: ArchFacts(148, 227 * KB, 2048),  # B200
+    120: ArchFacts(170, 99 * KB, 1536),  # RTX 5090
+}
+# The oldest GPU each cache dtype's tensor-core dot compiles for: bf16 mma since Ampere; e4m3
+# (Triton's fp8e4nv) since Ada, whose mma.sync takes e4m3 operands.
+MIN_ARCH = {"bf16": 80, "fp8": 89}
 
 
 class Launch(NamedTuple):
@@ -34,16 +77,58 @@ def arch_of(device):
     return 10 * major + minor
 
 
+def facts(arch):
+    """The table's entry for arch, or for the nearest older architecture it has."""
+    known = [a for a in ARCH_FACTS if a <= arch] or [min(ARCH_FACTS)]
+    return ARCH_FACTS[max(known)]
+
+
+def target_for(arch):
+    """A Target for a GPU not held (compiling for it; the interpreter): the table's facts."""
+    f = facts(arch)
+    return Target(arch, f"sm_{arch}", f.sms, f.smem_per_block)
+
+
 @cache
-def sm_count(device_index):
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
+def _device_target(index):
+    p = torch.cuda.get_device_properties(index)
+    arch = 10 * p.major + p.minor
+    # shared_memory_per_block_optin: torch 2.3 and later; older ones leave it to the table
+    smem = getattr(p, "shared_memory_per_block_optin", 0) or facts(arch).smem_per_block
+    return Target(arch, p.name, p.multi_processor_count, smem)
+
+
+def target_of(device):
+    """The Target of device, read from it (SM count, opt-in shared memory per block); off CUDA,
+    target_for(DEFAULT_ARCH): the interpreter plays an H200."""
+    if device.type != "cuda":
+        return target_for(DEFAULT_ARCH)
+    return _device_target(device.index if device.index is not None else torch.cuda.current_device())
 
 
 def num_sms(device):
     """Streaming multiprocessors of device (132 on an H200; the interpreter pretends the same)."""
-    if device.type != "cuda":
-        return 132
-    return sm_count(device.index if device.index is not None else torch.cuda.current_device())
+    return target_of(device).sms
+
+
+def supports(dtype, arch):
+    """Whether a GPU of compute capability arch (90 for sm_90) runs the kernels on cache dtype
+    "bf16" or "fp8"; the notebooks' setup leaves out the index dtypes this says no to."""
+    if dtype not in MIN_ARCH:
+        raise ValueError(f"cache dtype {dtype!r}: choose one of {', '.join(MIN_ARCH)}")
+    return arch >= MIN_ARCH[dtype]
+
+
+def require(dtype, target):
+    """A one-line ValueError unless target runs dtype, before any compile (Triton's own error for
+    fp8 on Ampere names no GPU and comes from deep inside the compiler)."""
+    if not supports(dtype, target.arch):
+        need, sm = MIN_ARCH[dtype], f"sm_{target.arch}"
+        gpu = sm if target.name == sm else f"{target.name} ({sm})"
+        raise ValueError(
+            f"{dtype} index keys need compute capability {need // 10}.{need % 10} or later; "
+            f"{gpu} has no {dtype} tensor cores: use index dtype bf16"
+        )
 
 
 def compile_for(launch, arch):
@@ -71,3 +156,6 @@ class Case(NamedTuple):
     tma: bool  # loads through a tensor descriptor
     overlap: bool | None = None  # pipelined loads overlap the dot inside a CTA (None: no claim)
     pdl: bool = False  # programmatic dependent launch: griddepcontrol instructions in the code
+    # the launcher's one-line refusal of this target (launch: the same launch built without the
+    # check, which the compile check expects to fail); "" where the launcher runs it
+    refused: str = ""

@@ -28,7 +28,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from kernels import args as A
-from kernels.launch import Case, Launch, arch_of, num_sms, run
+from kernels.launch import Launch, num_sms, require, run, target_for, target_of
 from kernels.logits_configs import CONFIGS, K_LOADS, as_config, config_for
 from kernels.paged import (
     MAX_HEADS,
@@ -100,7 +100,9 @@ def ref_logits_fp8(q, w, pages, page_table, seq_lens, max_len, compute_dtype=tor
 def _page_scales(scale_ptr, page, offs_p, ok, D: tl.constexpr, PAGE_STRIDE: tl.constexpr):
     """The PAGE float32 scales of fp8 page `page` (0 where not ok): they follow its PAGE*D values."""
     row = scale_ptr + page * (PAGE_STRIDE // 4) + (64 * D // 4)
-    return tl.load(row + offs_p, mask=(offs_p < 64) & ok, other=0.0)
+    # ok as a bound rather than a scalar bool broadcast over the block: Triton 3.9's interpreter
+    # splats a scalar int1 into int32 data, which tl.load refuses as a mask
+    return tl.load(row + offs_p, mask=offs_p < tl.where(ok, 64, 0), other=0.0)
 
 
 @triton.jit
@@ -306,7 +308,7 @@ def _indexer_logits_kernel(
 
 
 # ---------------------------------------------------------------------------
-# 3. Launchers (configs: kernels.logits_configs)
+# 3. Launchers (configs: kernels.logits_configs; the compile check's cases: kernels.logits_check)
 # ---------------------------------------------------------------------------
 
 BENCH_SHAPE = dict(bs=32, ctx=65536, heads=64, dim=128)  # the issue's shape: one decode step
@@ -347,15 +349,17 @@ def _check_fp8_args(q, w, pages, page_table, seq_lens, out):
     A.same_device(q=q, pages=pages)
 
 
-def plan(q, w, k, scales, page_table, seq_lens, out, cfg, is_fp8, arch, per_request=0):
-    """The launch for these (already checked) arguments and config. k: the bf16 cache or the fp8
+def plan(q, w, k, scales, page_table, seq_lens, out, cfg, is_fp8, target, per_request=0):
+    """The launch for these (already checked) arguments and config on target (kernels.launch.Target;
+    its dtype is not checked here: plan_bf16 / plan_fp8 do). k: the bf16 cache or the fp8
     pages' e4m3 view, either one [rows, D] matrix for a descriptor (no copy, no device memory:
     the descriptor is a host-side kernel argument). per_request > 0: exactly that many programs per
     request, each walking its share of the row (an engine that leaves SMs to the work it overlaps,
     as DeepGEMM's num_sms schedule does); 0: as many as fill the GPU."""
     bs, h, d = q.shape
     max_len = out.shape[1]
-    A.need(cfg.k_load != "gather" or arch >= 100, "config k_load 'gather' needs sm_100 or later")
+    A.need(cfg.k_load != "gather" or target.arch >= 100, "config k_load 'gather' needs sm_100 or later")
+    A.need(cfg.k_load != "tma" or target.arch >= 90, "config k_load 'tma' needs sm_90 or later (TMA)")
     n_tiles = triton.cdiv(max_len, cfg.block_t)
     if per_request > 0:
         tiles = triton.cdiv(n_tiles, per_request)
@@ -404,28 +408,43 @@ def plan(q, w, k, scales, page_table, seq_lens, out, cfg, is_fp8, arch, per_requ
     return Launch(_indexer_logits_kernel, grid, args, options)
 
 
-def _config(config, kind, q, arch):
-    """config as given (a LogitsConfig or its dict), else the table's entry for arch (default:
-    q's device's) and q's heads and dim."""
+def _target(kind, q, arch):
+    """The GPU to plan for: arch's (compiling for it), else q's device's; refused in one line
+    where it cannot run kind."""
+    target = target_of(q.device) if arch is None else target_for(arch)
+    require(kind, target)
+    return target
+
+
+def _config(config, kind, q, target):
+    """config as given (a LogitsConfig or its dict), else the table's entry for target, fitted to
+    its shared memory, at q's heads and dim."""
     if config is not None:
         return as_config(config)
-    return config_for(kind, arch, q.shape[1], q.shape[2])
+    return config_for(kind, target.arch, q.shape[1], q.shape[2], target.smem_per_block)
+
+
+def fp8_views(pages):
+    """Two dtype views of one buffer (views allocate no memory): e4m3 values, float32 scales."""
+    return pages.view(torch.float8_e4m3fn), pages.view(torch.float32)
 
 
 def plan_bf16(q, w, kcache, page_table, seq_lens, out, config=None, arch=None, per_request=0):
+    """The launch on arch (default: q's device); a one-line ValueError for a GPU without bf16."""
     _check_bf16_args(q, w, kcache, page_table, seq_lens, out)
-    arch = arch_of(q.device) if arch is None else arch
-    cfg = _config(config, "bf16", q, arch)
-    return plan(q, w, kcache, kcache, page_table, seq_lens, out, cfg, False, arch, per_request)
+    target = _target("bf16", q, arch)
+    cfg = _config(config, "bf16", q, target)
+    return plan(q, w, kcache, kcache, page_table, seq_lens, out, cfg, False, target, per_request)
 
 
 def plan_fp8(q, w, pages, page_table, seq_lens, out, config=None, arch=None, per_request=0):
+    """The launch on arch (default: q's device); a one-line ValueError for a GPU without fp8
+    (compute capability below 8.9), naming it and saying to use bf16."""
     _check_fp8_args(q, w, pages, page_table, seq_lens, out)
-    arch = arch_of(q.device) if arch is None else arch
-    cfg = _config(config, "fp8", q, arch)
-    # two dtype views of one buffer (views allocate no memory): e4m3 values, float32 scales
-    values, scales = pages.view(torch.float8_e4m3fn), pages.view(torch.float32)
-    return plan(q, w, values, scales, page_table, seq_lens, out, cfg, True, arch, per_request)
+    target = _target("fp8", q, arch)
+    cfg = _config(config, "fp8", q, target)
+    values, scales = fp8_views(pages)
+    return plan(q, w, values, scales, page_table, seq_lens, out, cfg, True, target, per_request)
 
 
 def indexer_logits_bf16_(q, w, kcache, page_table, seq_lens, out, *, config=None, per_request=0):
@@ -447,41 +466,3 @@ def indexer_logits_fp8_(q, w, pages, page_table, seq_lens, out, *, config=None, 
     A.launchable(launch.kernel, q.device)
     if q.shape[0]:
         run(launch)
-
-
-def compile_cases(arch, config=None):
-    """The launches the table gives arch at the benchmark's shape (or config's, if given), and the
-    descriptor paths (TMA tiles; TMA gather on sm_100), for kernels.compile_check. CPU tensors:
-    only their dtypes and alignment reach the compiler, so the cache can be tiny."""
-
-    bs, h, d, max_len = (BENCH_SHAPE[n] for n in ("bs", "heads", "dim", "ctx"))
-    q, w = torch.zeros(bs, h, d, dtype=torch.bfloat16), torch.zeros(bs, h)
-    pt, sl = torch.zeros(bs, max_len // PAGE, dtype=torch.int32), torch.zeros(bs, dtype=torch.int32)
-    out = torch.empty(bs, max_len)
-    kcache = torch.zeros(4, PAGE, d, dtype=torch.bfloat16)
-    pages = torch.zeros(4, fp8_page_bytes(d), dtype=torch.uint8)
-    q8 = q.to(torch.float8_e4m3fn)
-    tma_cfg = dict(block_t=64, tiles_per_prog=16, num_warps=4, num_stages=5, k_load="tma")
-    variants = [
-        ("", config),
-        ("_tma", tma_cfg),
-        ("_prefetch", dict(tma_cfg, scale_load="prefetch")),  # fp8 scales one tile ahead
-        # the pointer path, pipelined (7 stages) and not (3): what a descriptor-less GPU runs
-        ("_ptr", dict(block_t=64, tiles_per_prog=16, num_warps=4, num_stages=7, k_load="ptr")),
-        ("_ptr3", dict(block_t=128, tiles_per_prog=4, num_warps=4, num_stages=3, k_load="ptr")),
-    ]
-    if arch >= 100:
-        variants.append(
-            ("_gather", dict(block_t=128, tiles_per_prog=8, num_warps=4, num_stages=3, k_load="gather"))
-        )
-    cases = []
-    for tag, cfg in variants:
-        for kind, launch in (
-            ("bf16", plan_bf16(q, w, kcache, pt, sl, out, cfg, arch)),
-            ("fp8", plan_fp8(q8, w, pages, pt, sl, out, cfg, arch)),
-        ):
-            tma = launch.args["K_LOAD"] != K_LOADS.index("ptr")  # the table's own entry may use TMA
-            # the rule in kernels.logits_configs: > 4 stages overlap pointer copies with the dot
-            overlap = None if tma else launch.options["num_stages"] > 4
-            cases.append(Case(f"logits_{kind}{tag}", launch, tensor_core=True, tma=tma, overlap=overlap))
-    return cases

@@ -4,13 +4,14 @@ sweep that stands behind kernels.logits_configs.CONFIGS.
 The sweep times every config of logits_configs.candidates(kind, heads, dim, arch) on this GPU at
 the benchmark's shape, checks each one's logits against the default config's (a fast wrong
 config must not win), and reports the fastest per (kind, heads, dim, arch) with the CONFIGS line
-that would adopt it. `python -m kernels --sweep --out DIR` writes the table.
+that would adopt it. `python -m kernels --sweep --out DIR` writes the table. Both time only the
+cache dtypes this GPU runs (no fp8 below sm_89: kernels.launch.supports).
 """
 
 import torch
 
 from kernels.harness import median_us
-from kernels.launch import arch_of
+from kernels.launch import supports, target_of
 from kernels.logits import (
     indexer_logits_bf16_,
     indexer_logits_fp8_,
@@ -64,7 +65,10 @@ def benchmark(bs=32, ctx=65536, heads=64, dim=128, device="cuda"):
         fp8=lambda: ref_logits_fp8(q8, w, x["pages"], pt, sl, ctx),
     )
     rows = []
+    arch = target_of(torch.device(device)).arch
     for kind, fn in _calls(x).items():
+        if not supports(kind, arch):
+            continue
         nbytes = logit_bytes(bs, ctx, heads, dim, kind == "fp8")
         us, ref_us = median_us(fn), median_us(refs[kind])
         rows.append(dict(name=f"triton_logits_{kind}", us=us, bytes=nbytes, speedup_vs_torch=ref_us / us))
@@ -84,14 +88,15 @@ def sweep(bs=32, ctx=65536, heads=64, dim=128, device="cuda", rep_ms=40, progres
     """One row per (kind, config): us, ok (logits match the default config's), and the best per
     kind flagged. Never raises on a config that fails: its row says why."""
     x = bench_inputs(bs, ctx, heads, dim, device)
-    arch = arch_of(torch.device(device))
+    target = target_of(torch.device(device))  # its SMs and shared memory, read from the device
+    arch, smem = target.arch, target.smem_per_block
     rows = []
-    for kind in ("bf16", "fp8"):
+    for kind in [k for k in ("bf16", "fp8") if supports(k, arch)]:
         nbytes = logit_bytes(bs, ctx, heads, dim, kind == "fp8")
-        default = config_for(kind, arch, heads, dim)
+        default = config_for(kind, arch, heads, dim, smem)
         _calls(x, default)[kind]()
         want = x["out"].clone()
-        for cfg in candidates(kind, heads, dim, arch):
+        for cfg in candidates(kind, heads, dim, arch, smem):
             row = dict(kind=kind, heads=heads, dim=dim, arch=arch, **cfg._asdict(), default=cfg == default)
             try:
                 x["out"].fill_(float("nan"))

@@ -1,12 +1,25 @@
 """Checking the logits kernel (kernels.logits) against a float64 reference: random inputs whose
 page ids past each request's length point outside the cache (a stray read faults), outputs
-poisoned with NaN (an unwritten entry shows), and tolerances derived from the arithmetic."""
+poisoned with NaN (an unwritten entry shows), and tolerances derived from the arithmetic.
+Also the launches kernels.compile_check compiles for each target (compile_cases)."""
 
 import torch
 import triton
 
-from kernels.logits import indexer_logits_bf16_, indexer_logits_fp8_, ref_logits_bf16, ref_logits_fp8
-from kernels.paged import FP8_MAX, PAGE, quantize_fp8_pages
+from kernels.launch import Case, arch_of, supports, target_for
+from kernels.logits import (
+    BENCH_SHAPE,
+    fp8_views,
+    indexer_logits_bf16_,
+    indexer_logits_fp8_,
+    plan,
+    plan_bf16,
+    plan_fp8,
+    ref_logits_bf16,
+    ref_logits_fp8,
+)
+from kernels.logits_configs import K_LOADS, as_config, config_for
+from kernels.paged import FP8_MAX, PAGE, fp8_page_bytes, quantize_fp8_pages
 
 # ---------------------------------------------------------------------------
 # check(): kernels vs a float64 reference
@@ -74,7 +87,7 @@ def check(
     heads=64,
     dim=128,
     max_len=None,
-    dtypes=("bf16", "fp8"),
+    dtypes=None,
     seed=0,
     tol=None,
     fp32_operands=False,
@@ -84,7 +97,10 @@ def check(
 
     fp32_operands: feed the "bf16" kernel fp32 copies (the CPU-interpreter test path).
     config: a launch config (LogitsConfig or dict) for both kernels instead of the table's.
+    dtypes: None checks the cache dtypes device runs (no fp8 below sm_89: kernels.launch.supports).
     """
+    if dtypes is None:
+        dtypes = [d for d in ("bf16", "fp8") if supports(d, arch_of(torch.device(device)))]
     tol = dict(TOL, **(tol or {}))
     if seq_lens is None:
         gen = torch.Generator().manual_seed(seed)
@@ -123,3 +139,69 @@ def check(
     if bad:
         raise AssertionError(f"relative error beyond tolerance {tol}: {bad} (all: {errors})")
     return errors
+
+
+# ---------------------------------------------------------------------------
+# compile_cases(): what kernels.compile_check compiles for each target
+# ---------------------------------------------------------------------------
+
+
+def _variants(arch, config):
+    """(tag, config) pairs compile_cases compiles for arch: the table's (or config), the pointer
+    path pipelined (7 stages) and not (3), and the descriptor paths arch has."""
+    tma_cfg = dict(block_t=64, tiles_per_prog=16, num_warps=4, num_stages=5, k_load="tma")
+    variants = [("", config)]
+    if arch >= 90:  # TMA
+        variants += [("_tma", tma_cfg), ("_prefetch", dict(tma_cfg, scale_load="prefetch"))]
+    variants += [
+        ("_ptr", dict(block_t=64, tiles_per_prog=16, num_warps=4, num_stages=7, k_load="ptr")),
+        ("_ptr3", dict(block_t=128, tiles_per_prog=4, num_warps=4, num_stages=3, k_load="ptr")),
+    ]
+    if arch >= 100:  # TMA gather4
+        variants.append(
+            ("_gather", dict(block_t=128, tiles_per_prog=8, num_warps=4, num_stages=3, k_load="gather"))
+        )
+    return variants
+
+
+def _refused_fp8(q8, w, pages, pt, sl, out, config, arch):
+    """(the launcher's refusal of fp8 on arch, the launch it would have built without that check)."""
+    try:
+        plan_fp8(q8, w, pages, pt, sl, out, config, arch)
+        refused = ""  # not refused: the compile check then compiles it, and fails there
+    except ValueError as e:
+        refused = str(e)
+    target = target_for(arch)
+    table = config_for("fp8", arch, *q8.shape[1:], target.smem_per_block)
+    c = table if config is None else as_config(config)
+    return refused, plan(q8, w, *fp8_views(pages), pt, sl, out, c, True, target)
+
+
+def compile_cases(arch, config=None):
+    """The launches the table gives arch at the benchmark's shape (or config's, if given), and the
+    other load paths arch has, for kernels.compile_check. CPU tensors: only their dtypes and
+    alignment reach the compiler, so the cache can be tiny. Where the launcher refuses fp8 (below
+    sm_89), the case carries the refusal and the launch built without the check."""
+    bs, h, d, max_len = (BENCH_SHAPE[n] for n in ("bs", "heads", "dim", "ctx"))
+    q, w = torch.zeros(bs, h, d, dtype=torch.bfloat16), torch.zeros(bs, h)
+    pt, sl = torch.zeros(bs, max_len // PAGE, dtype=torch.int32), torch.zeros(bs, dtype=torch.int32)
+    out = torch.empty(bs, max_len)
+    kcache = torch.zeros(4, PAGE, d, dtype=torch.bfloat16)
+    pages = torch.zeros(4, fp8_page_bytes(d), dtype=torch.uint8)
+    q8 = q.to(torch.float8_e4m3fn)
+    cases = []
+    for tag, cfg in _variants(arch, config):
+        for kind in ("bf16", "fp8"):
+            refused = ""
+            if kind == "bf16":
+                launch = plan_bf16(q, w, kcache, pt, sl, out, cfg, arch)
+            elif supports("fp8", arch):
+                launch = plan_fp8(q8, w, pages, pt, sl, out, cfg, arch)
+            else:
+                refused, launch = _refused_fp8(q8, w, pages, pt, sl, out, cfg, arch)
+            tma = launch.args["K_LOAD"] != K_LOADS.index("ptr")  # the table's own entry may use TMA
+            # the rule in kernels.logits_configs: > 4 stages overlap pointer copies with the dot
+            overlap = None if tma else launch.options["num_stages"] > 4
+            name = f"logits_{kind}{tag}"
+            cases.append(Case(name, launch, tensor_core=True, tma=tma, overlap=overlap, refused=refused))
+    return cases

@@ -1,10 +1,22 @@
 """Launch configs of the logits kernel (kernels.logits): what runs where, why, and the pruned
 space the sweep (kernels.logits_bench) times to choose them.
 
-Lookup: config_for(kind, arch, heads, dim) takes the entry for (kind, arch major, heads, dim) if
-there is one, else (kind, arch major); archs without an entry (sm_80, sm_120) use the nearest
-lower major that has one, else sm_90's. The model runs one shape (H 64, D 128), so the table
-holds the per-architecture defaults; a sweep on another shape adds (kind, major, heads, dim) keys.
+Lookup: config_for(kind, arch, heads, dim, smem_per_block) takes the entry for (kind, arch major,
+heads, dim) if there is one, else (kind, arch major); an arch without an entry uses the nearest
+lower major that has one. The model runs one shape (H 64, D 128), so the table holds the
+per-architecture defaults; a sweep on another shape adds (kind, major, heads, dim) keys. The entry
+then loses pipeline stages until its K ring leaves room for two CTAs per SM on the GPU's opt-in
+shared memory per block (read from the device; kernels.launch): the rule the sweep's space is
+pruned by. On sm_90 / sm_100 (227 KB) no entry changes; sm_89 and sm_120 (99 KB) run the pointer
+entry's bf16 with 3 stages where sm_80 (163 KB) keeps 5.
+
+sm_80 / sm_89 / sm_120 load K through pointers: Ampere and Ada have no TMA, and sm_120 (RTX
+Blackwell) runs mma.sync like Ada, where nothing measured says a descriptor pays (as compiled, its
+TMA path also keeps an 8-byte stack frame the pointer path does not). Their entries are the H200's
+fastest pointer configs (h200-07fb1c5/sweep.md: bf16 141 us; fp8 82.8, 0.3 us behind the fastest,
+a 3-stage one), compiled for each target and never run; a sweep on such a GPU (python -m kernels
+--sweep) replaces them.
+fp8 needs sm_89 or later (e4m3 tensor cores): the launchers refuse it on Ampere (kernels.launch).
 
 Why these: the graph-timed sweep on the H200 (B 32, L 65536, H 64, D 128; outputs/bench/
 h200-97c3053/sweep.md, rerun at 1ff4fed and ae105b8) put K through a TMA descriptor, one page a
@@ -34,6 +46,9 @@ committed sweep table shows them faster.
 
 from typing import NamedTuple
 
+from kernels.launch import facts
+from kernels.paged import DIM
+
 K_LOADS = ("ptr", "tma", "gather")  # gather: TMA gather4 rows, sm_100 and later only
 
 
@@ -59,14 +74,31 @@ CONFIGS = {
     # to the CTAs per SM sm_90a's entry has, or to the best sm_100a allows, as compiled
     ("bf16", 10): LogitsConfig(block_t=64, tiles_per_prog=8, num_warps=4, num_stages=5, k_load="tma"),
     ("fp8", 10): LogitsConfig(64, 16, 4, 3, k_load="tma", scale_load="prefetch"),
+    # no descriptor path (see the module docstring): the H200's fastest pointer configs,
+    # h200-07fb1c5/sweep.md (bf16 141 us, fp8 82.8), 5 stages for copy/compute overlap in a CTA
+    ("bf16", 8): LogitsConfig(block_t=64, tiles_per_prog=16, num_warps=4, num_stages=5),
+    ("fp8", 8): LogitsConfig(block_t=64, tiles_per_prog=16, num_warps=4, num_stages=5),
+    ("bf16", 12): LogitsConfig(block_t=64, tiles_per_prog=16, num_warps=4, num_stages=5),
+    ("fp8", 12): LogitsConfig(block_t=64, tiles_per_prog=16, num_warps=4, num_stages=5),
 }
 
 
-def config_for(kind, arch, heads=None, dim=None):
-    """The launch config for cache dtype kind ("bf16" | "fp8") on compute capability arch."""
-    majors = sorted({key[1] for key in CONFIGS if key[0] == kind and key[1] <= arch // 10}) or [9]
-    major = majors[-1]
-    return CONFIGS.get((kind, major, heads, dim), CONFIGS[kind, major])
+def config_for(kind, arch, heads=None, dim=None, smem_per_block=None):
+    """The launch config for cache dtype kind ("bf16" | "fp8") on compute capability arch, fitted
+    to smem_per_block (the device's opt-in shared memory per block; None: the arch's, from
+    kernels.launch.ARCH_FACTS)."""
+    majors = sorted({key[1] for key in CONFIGS if key[0] == kind and key[1] <= arch // 10})
+    major = majors[-1] if majors else min(key[1] for key in CONFIGS if key[0] == kind)
+    entry = CONFIGS.get((kind, major, heads, dim), CONFIGS[kind, major])
+    return fit(entry, kind, dim or DIM, smem_per_block or facts(arch).smem_per_block)
+
+
+def fit(config, kind, dim, smem_per_block):
+    """config with pipeline stages taken off (down to 2) until its K ring fits smem_budget."""
+    c, budget = config, smem_budget(smem_per_block)
+    while c.num_stages > 2 and smem_estimate(kind, c.block_t, dim, c.num_stages) > budget:
+        c = c._replace(num_stages=c.num_stages - 1)
+    return c
 
 
 def as_config(config):
@@ -88,8 +120,10 @@ def as_config(config):
     return c
 
 
-# Shared memory an sm_90 / sm_100 CTA may use (227 KB); the pruning keeps 2 CTAs per SM possible.
-SMEM_BUDGET = 227 * 1024 // 2
+def smem_budget(smem_per_block):
+    """Bytes of K ring a config may keep: half what a CTA may opt in to, so two CTAs fit an SM
+    (sm_90 / sm_100: 113 KB of 227; sm_80: 81 of 163; sm_89 / sm_120: 49 of 99)."""
+    return smem_per_block // 2
 
 
 def smem_estimate(kind, block_t, dim, num_stages):
@@ -98,17 +132,20 @@ def smem_estimate(kind, block_t, dim, num_stages):
     return num_stages * block_t * dim * elem
 
 
-def candidates(kind, heads, dim, arch):
+def candidates(kind, heads, dim, arch, smem_per_block=None):
     """The sweep's pruned space for (kind, heads, dim, arch): pointer loads around the measured
-    defaults, TMA page tiles, TMA gather (sm_100+), each with and without a persistent grid at its
-    best-guess shape; configs whose K ring cannot leave room for two CTAs per SM are dropped."""
-    base = config_for(kind, arch, heads, dim)
+    defaults, TMA page tiles (sm_90+), TMA gather (sm_100+), each with and without a persistent
+    grid at its best-guess shape; configs whose K ring cannot leave room for two CTAs per SM
+    (smem_budget of smem_per_block, default the arch's) are dropped."""
+    smem = smem_per_block or facts(arch).smem_per_block
+    base = config_for(kind, arch, heads, dim, smem)
     space = [base]
     for block_t in (64, 128):
         for tiles in (4, 16):
             for stages in (3, 5, 7):
                 space.append(LogitsConfig(block_t, tiles, 4, stages))
-    for tiles in (8, 16):
+    tma = [LogitsConfig(64, 8, 4, 5, k_load="tma")] if arch >= 90 else []
+    for tiles in (8, 16) if tma else ():
         for stages in (3, 4, 5):
             space.append(LogitsConfig(64, tiles, 4, stages, k_load="tma"))
             if kind == "fp8":  # the scales' load issued a tile ahead
@@ -117,10 +154,10 @@ def candidates(kind, heads, dim, arch):
         for block_t in (64, 128):
             for stages in (3, 5):
                 space.append(LogitsConfig(block_t, 8, 4, stages, k_load="gather"))
-    space += [c._replace(persistent=2) for c in (base, LogitsConfig(64, 8, 4, 5, k_load="tma"))]
+    space += [c._replace(persistent=2) for c in (base, *tma)]
     space.append(base._replace(num_warps=8))
     kept = []
     for c in space:
-        if c not in kept and smem_estimate(kind, c.block_t, dim, c.num_stages) <= SMEM_BUDGET:
+        if c not in kept and smem_estimate(kind, c.block_t, dim, c.num_stages) <= smem_budget(smem):
             kept.append(c)
     return kept

@@ -5,7 +5,7 @@ The interpreter computes tl.dot on bf16 operands from raw bit patterns, so the
 "bf16" kernel's math is tested with float32/float16 operands (same kernel, a
 launcher test path); the fp8 kernel is tested directly. The real bf16 path and
 performance are checked on the GPU (test marked `gpu`); what the compiler makes of
-the kernels for sm_90a / sm_100a is checked in tests/test_kernel_compile.py.
+the kernels for sm_80 ... sm_120 is checked in tests/test_kernel_compile.py.
 """
 
 import numpy as np

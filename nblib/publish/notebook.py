@@ -9,6 +9,7 @@ heavy), opens the device, seeds it, and starts results.json with the parameters 
 
 from typing import NamedTuple
 
+from kernels import launch
 from nblib.backends import device
 from nblib.core import phases
 from nblib.core.results import Results
@@ -37,6 +38,28 @@ def setup(notebook, namespace, fixed=None):
     clock.sync, clock.capturing = dev.synchronize, dev.is_current_stream_capturing
     if "seed" in applied:
         dev.manual_seed(applied["seed"])  # the simulator's replay timing; CUDA's RNG
+    dropped = _drop_unsupported_dtypes(dev, applied, namespace)
     res = Results(notebook, applied["output_dir"], dev, applied, fixed)
+    if dropped:
+        res["dropped"] = dropped
     print({k: res[k] for k in ("backend", "device", "torch", "triton", "commit")})
     return Setup(dev, res)
+
+
+def _drop_unsupported_dtypes(dev, applied, namespace):
+    """Leave out of index_dtypes (applied, and the notebook's own variable) what this GPU's kernels
+    cannot run: fp8 below compute capability 8.9 (kernels.launch.supports). Returns the record
+    results.json keeps ({} where nothing was left out; always on the simulator)."""
+    listed = applied.get("index_dtypes")
+    if dev.name != "cuda" or not listed:
+        return {}
+    arch = launch.arch_of(dev.torch_device)
+    out = [d for d in listed if not launch.supports(d, arch)]
+    if not out:
+        return {}
+    kept = [d for d in listed if d not in out]
+    why = f"{dev.device_name()} (sm_{arch}) has no {'/'.join(out)} tensor cores"
+    if not kept:
+        raise ValueError(f"index_dtypes {listed}: {why}; list bf16 in the profile")
+    applied["index_dtypes"] = namespace["index_dtypes"] = kept
+    return dict(index_dtypes=out, reason=why)
