@@ -1,9 +1,11 @@
 """The benchmark harness: what it records about the run (commit, device, versions) and how it
 writes tables."""
 
+import contextlib
 import json
 import shutil
 import subprocess
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -116,15 +118,117 @@ def test_cli_without_a_gpu_says_so():
     assert r.returncode == 2 and "nothing to do" in r.stderr
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+class FakeGpu:
+    """torch as kernels.harness sees it, on a GPU made of a clock (milliseconds): work issued while
+    capturing adds its cost to the graph, a replay advances the clock by the graph's cost plus
+    noise(replay number), and events read the clock. No wall clock is involved."""
+
+    def __init__(self, flush_ms, readback_ms, noise=lambda i: 0.0):
+        self.now, self.capturing, self.replays = 0.0, None, 0
+        self.flush_ms, self.readback_ms, self.noise = flush_ms, readback_ms, noise
+        gpu = self
+
+        class Tensor:
+            def view(self, *shape):
+                return self
+
+            def zero_(self):
+                gpu.charge(gpu.flush_ms)
+
+        class Graph:
+            def __init__(self):
+                self.cost = 0.0
+
+            def replay(self):
+                gpu.now += self.cost + gpu.noise(gpu.replays)
+                gpu.replays += 1
+
+        class Event:
+            def __init__(self, enable_timing=False):
+                self.t = None
+
+            def record(self):
+                self.t = gpu.now
+
+            def synchronize(self):
+                pass
+
+            def elapsed_time(self, end):
+                return end.t - self.t
+
+        @contextlib.contextmanager
+        def graph(g):
+            gpu.capturing = g
+            try:
+                yield
+            finally:
+                gpu.capturing = None
+
+        self.uint8, self.float32 = torch.uint8, torch.float32
+        self.empty = lambda *shape, **kw: Tensor()
+        self.sum = lambda rows, dim, out: gpu.charge(gpu.readback_ms)
+        self.cuda = SimpleNamespace(
+            is_available=lambda: True, synchronize=lambda: None, CUDAGraph=Graph, Event=Event, graph=graph
+        )
+
+    def charge(self, ms):
+        """Work issued now: into the graph being captured, else run at once."""
+        if self.capturing is not None:
+            self.capturing.cost += ms
+        else:
+            self.now += ms
+
+
+FN_MS = 0.02  # the timed call: 20 us, far below the 256 MB flush it is measured behind
+
+
 @pytest.mark.parametrize("flush", harness.FLUSHES)
-def test_median_us_measures_the_call_not_the_flush(flush):
-    """Twice the bytes through the same kernel read about twice the time, under either flush: the
-    flushes are subtracted pairwise and nothing of them is left in the figure."""
-    src = torch.zeros(2 * (64 << 20), device="cuda")  # 512 MB, twice the flush
-    dst = torch.empty_like(src)
-    half = src.numel() // 2
-    one = harness.median_us(lambda: torch.neg(src[:half], out=dst[:half]), flush=flush)
-    two = harness.median_us(lambda: torch.neg(src, out=dst), flush=flush)
-    assert one > 0 and 1.7 < two / one < 2.3, (one, two)
+def test_median_us_subtracts_the_flush_and_divides_by_the_calls(monkeypatch, flush):
+    """Each pair of replays (calls x (flush, fn), then calls x flush) is differenced, the median of
+    the differences divided by the calls: the flush's cost, its read-back under "clean", and a drift
+    shared by a pair all cancel; a spike in 2 of 5 pairs is outvoted (a mean would keep 40 % of it)."""
+    replays, calls = 5, 10
+
+    def noise(i):  # replay i: two warm-ups, then (with fn, flush alone) per pair
+        pair, with_fn = divmod(i - 2, 2)[0], (i - 2) % 2 == 0
+        return 0.0 if i < 2 else 0.5 * pair + (3.0 if with_fn and pair in (1, 3) else 0.0)
+
+    gpu = FakeGpu(flush_ms=0.3, readback_ms=0.1, noise=noise)
+    monkeypatch.setattr(harness, "torch", gpu)
+    ran = []
+
+    def fn():
+        ran.append(gpu.capturing is not None)
+        gpu.charge(FN_MS)
+
+    us = harness.median_us(fn, calls=calls, replays=replays, flush=flush)
+    assert us == pytest.approx(FN_MS * 1e3, rel=1e-9)
+    assert ran == [False] + [True] * calls  # one warm-up call outside the capture, then the graph's
+    assert gpu.replays == 2 + 2 * replays  # both graphs warmed up once, then the timed pairs
+
+
+def test_median_us_never_reports_a_negative_time(monkeypatch):
+    """A call cheaper than the pairs' noise: the median difference is negative, the figure 0."""
+    gpu = FakeGpu(flush_ms=0.3, readback_ms=0.1, noise=lambda i: 0.05 if i >= 2 and i % 2 else 0.0)
+    monkeypatch.setattr(harness, "torch", gpu)
+    assert harness.median_us(lambda: None, calls=4, replays=3) == 0.0
+
+
+def test_median_us_falls_back_to_do_bench_when_fn_cannot_be_captured(monkeypatch):
+    """A host sync inside fn breaks the capture (RuntimeError): do_bench's median, in microseconds."""
+    gpu = FakeGpu(flush_ms=0.3, readback_ms=0.1)
+    monkeypatch.setattr(harness, "torch", gpu)
+    asked = []
+
+    def do_bench(fn, rep, return_mode):
+        asked.append((rep, return_mode))
+        return 0.25  # ms
+
+    monkeypatch.setattr(harness.triton.testing, "do_bench", do_bench)
+
+    def syncs():
+        if gpu.capturing is not None:
+            raise RuntimeError("operation not permitted when stream is capturing")
+
+    assert harness.median_us(syncs, rep_ms=40) == pytest.approx(250.0)
+    assert asked == [(40, "median")]
