@@ -37,17 +37,18 @@ test: lint
 # make test-newest   the newest torch and Triton that pyproject.toml's bounds admit, in a venv of
 # their own (.venv-newest), on the tests of the version-sensitive code: the private-API checks, the
 # kernels in Triton's interpreter and their compile checks, the simulator, the recorder, the audit
-# and the instruments. Left out: the tests that run or read the notebook suite, the site and the lab
-# (they exercise nothing of torch or Triton that the others do not). pip's default index serves the
-# CUDA build of torch (several GB with its CUDA packages). NEWEST_PIP_ENV lifts a machine-wide
-# pip constraint (a pip.conf `constraint`) that caps torch below the newest, for this venv only,
-# and keeps the machine's other pip settings (its indexes); NEWEST_PIP_ENV=PIP_CONFIG_FILE=/dev/null
-# ignores every pip.conf instead.
+# and the instruments. Left out, to keep CI short: the tests that run the notebook suite (minutes)
+# or read it, the site, the lab, the Ray sweep, the widgets and the profile schema (NEWEST_SKIP).
+# pip's default index serves the CUDA build of torch (several GB with its CUDA packages).
+# NEWEST_PIP_ENV lifts a machine-wide pip constraint (a pip.conf `constraint`) that caps torch
+# below the newest, for this venv only, and keeps the machine's other pip settings (its indexes);
+# NEWEST_PIP_ENV=PIP_CONFIG_FILE=/dev/null ignores every pip.conf instead.
 NEWEST_PY := .venv-newest/bin/python
 NEWEST_TORCH ?= torch==2.15.0
 NEWEST_TRITON ?= triton==3.9.0
 NEWEST_PIP_ENV ?= PIP_CONSTRAINT=/dev/null
-NEWEST_SKIP ?= test_notebooks.py test_site.py test_figures.py test_lab.py test_sweep.py
+NEWEST_SKIP ?= test_notebooks.py test_site.py test_figures.py test_lab.py test_sweep.py test_widgets.py \
+	test_params.py
 
 .venv-newest/.stamp: pyproject.toml
 	python3 -m venv .venv-newest

@@ -20,6 +20,7 @@ names = {}
 
 @contextlib.contextmanager
 def record(bucket):
+    # private, no public API records the trace (tests/test_private_api.py checks both names)
     torch.cuda.memory._record_memory_history("all", stacks="python")
     try:
         yield

@@ -1,5 +1,6 @@
-# source this on the GPU machine: installs the carried Jupyter/pytest wheels for the image's python3
-# NBLIB_COMMIT comes from .nbcommit (git-ignored): write `git rev-parse HEAD > .nbcommit` here and carry it
+# source this on a GPU machine with no network: put the Jupyter/pytest wheels for its python3 in .whl/ and
+# this installs them. NBLIB_COMMIT comes from .nbcommit (git-ignored): write `git rev-parse HEAD > .nbcommit`
+# in the checkout and copy it with the tree
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
   || { echo "wheel install failed"; exit 1; }
 export JUPYTER_PATH=/tmp/site/share/jupyter PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 NBLIB_COMMIT=$(cat .nbcommit 2>/dev/null || echo unknown)

@@ -27,7 +27,10 @@ def _int_of_size1_array_works():
 
 # Interpreter scalars are shape-(1,) arrays and triton 3.6 turns them into loop bounds with
 # int(array); numpy >= 2.4 refuses that, which breaks every data-dependent `range(0, n)`.
-# Use .item() instead (test-only shim, a no-op on older numpy).
+# Use .item() instead (test-only shim, a no-op on older numpy). Triton 3.9's interpreter converts
+# them itself (the shim is then redundant, and harmless); drop it once the lower bound is 3.9.
+# _patch_lang_tensor is private to Triton's interpreter and no public hook exists (the public
+# switch, TRITON_INTERPRET=1, gives no say in it); tests/test_private_api.py checks its signature.
 if not _int_of_size1_array_works():
     _orig_patch_lang_tensor = _interp._patch_lang_tensor
 

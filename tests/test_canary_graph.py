@@ -239,10 +239,33 @@ def test_notebook_02_times_both_canaries_and_refuses_a_bad_list():
     """overhead.replay_times times the eager and the graphed canary in notebook 02, and a bad list
     fails in one line before anything is built."""
     import pytest
+    from test_canary import CI
 
+    from nblib.backends import device
     from nblib.instruments import overhead
 
-    assert overhead.INSTRUMENTS == ("neither", "canary", "canary_graphed", "gediff")
+    made = []  # each canary replay_times builds, by kind
+
+    class Eager(overhead.Canary):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            made.append(("canary", self))
+
+    class Graphed(overhead.GraphedCanary):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            made.append(("canary_graphed", self))
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(overhead, "Canary", Eager)
+        mp.setattr(overhead, "GraphedCanary", Graphed)
+        rows = overhead.replay_times(device.get("sim"), CI, 2, replays=2, warmup=1)  # as notebook 02 calls it
+    by = {r["instrument"]: r for r in rows}
+    assert rows[0]["instrument"] == "neither" and rows[0]["calls"] == 0 and rows[0]["ratio"] is None
+    assert [kind for kind, _ in made] == ["canary", "canary_graphed"]
+    for kind, inst in made:  # each canary checked every timed and warm-up replay, and its row says so
+        assert by[kind]["calls"] == len(inst.records) == 2 + 1
+        assert by[kind]["ratio"] == pytest.approx(by[kind]["median_ms"] / rows[0]["median_ms"])
     with pytest.raises(ValueError, match="instruments must start with 'neither'"):
         overhead.replay_times(None, {}, 2, instruments=("canary", "neither"))
     with pytest.raises(ValueError, match="instruments must start with 'neither'"):

@@ -44,5 +44,5 @@ def test_commit_is_this_projects_or_unknown(tmp_path, monkeypatch):
     assert results.commit() == "unknown"
     monkeypatch.setattr(results, "ROOT", tmp_path)  # no git at all
     assert results.commit() == "unknown"
-    monkeypatch.setenv("NBLIB_COMMIT", "abc123")  # the carried commit wins
+    monkeypatch.setenv("NBLIB_COMMIT", "abc123")  # the commit NBLIB_COMMIT names wins
     assert results.commit() == "abc123"

@@ -53,6 +53,40 @@ def _get(url):
         return r.status, r.read()
 
 
+def _request(url, method):
+    req = urllib.request.Request(url, data=b"{}" if method == "POST" else None, method=method)
+    req.add_header("Content-Type", "application/json")
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return r.read()
+
+
+def _cmdline(kernel_id):
+    """argv of the process started for the kernel (its connection file names the kernel's id)."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().decode().split("\0")
+        except OSError:  # the process ended while we looked
+            continue
+        if any(f"kernel-{kernel_id}.json" in a for a in argv):
+            return argv
+    return None
+
+
+def kernel_interpreter(base, token):
+    """Start a python3 kernel through the server's REST API and return the interpreter its process
+    runs (argv[0]), then shut it down."""
+    kernel = json.loads(_request(f"{base}/api/kernels?token={token}", "POST"))["id"]
+    try:
+        deadline = time.monotonic() + 60
+        while (argv := _cmdline(kernel)) is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert argv is not None, f"no process for kernel {kernel}"
+        return argv[0]
+    finally:
+        _request(f"{base}/api/kernels/{kernel}?token={token}", "DELETE")
+
+
 def test_make_lab_serves_the_notebooks_with_the_project_kernel(tmp_path):
     port, token = _free_port(), "nblib-test"
     args = f"--no-browser --port={port} --IdentityProvider.token={token} --ServerApp.runtime_dir={tmp_path}"
@@ -87,7 +121,9 @@ def test_make_lab_serves_the_notebooks_with_the_project_kernel(tmp_path):
             "kernelspec"
         ]
         assert nb_kernel["name"] == specs["default"] == "python3"
-        assert kernel["argv"][0] in ("python", sys.executable), kernel["argv"]
+        assert "ipykernel_launcher" in kernel["argv"], kernel["argv"]
+        # the kernel the server starts for the notebooks runs on this environment's interpreter
+        assert kernel_interpreter(base, token) == sys.executable
     finally:
         if lab.poll() is None:
             os.killpg(lab.pid, signal.SIGTERM)  # make and the server it started, nothing else

@@ -46,6 +46,7 @@ def test_sim_recording_of_a_raising_function_restores_the_originals():
             raise Boom
     assert all(a is b for a, b in zip(_sim_originals(), before))
     assert rec.captures and not rec.captures[0].complete
+    # torch._C._len_torch_dispatch_stack: private, no public API (tests/test_private_api.py)
     assert torch._C._len_torch_dispatch_stack() == 0 and dev._cap is None
 
 
@@ -125,6 +126,7 @@ def test_cuda_recording_of_a_raising_capture_restores_the_originals_and_captures
     with pytest.raises(audit.AuditCaptureError, match="Boom"):
         audit.audit_capture(bad, device=dev)
     assert all(a is b for a, b in zip(_cuda_originals(), before))
+    # torch._C._len_torch_dispatch_stack: private, no public API (tests/test_private_api.py)
     assert torch._C._len_torch_dispatch_stack() == 0 and gc.isenabled()
     rep = audit.audit_capture(lambda: x * 3, device=dev)  # the next capture works
     rep.graph.replay()

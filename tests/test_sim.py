@@ -219,6 +219,7 @@ def test_a_raising_capture_leaves_nothing_half_finished():
         if (x * 2).sum() > 0:  # a data-dependent branch: a host sync
             pass
     assert not dev.is_current_stream_capturing() and dev.current_stream() is before
+    # torch._C._len_torch_dispatch_stack: private, no public API (tests/test_private_api.py)
     assert torch._C._len_torch_dispatch_stack() == 0  # the mode was popped
     assert torch.equal(x * 2, torch.full((3,), 2.0))  # no dispatch mode left behind
     with pytest.raises(RuntimeError, match="not captured"):

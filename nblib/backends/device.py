@@ -60,6 +60,8 @@ class CudaDevice:
 
     def memory_history(self, enabled):
         """Record the caching allocator's alloc/free trace (addresses, sizes, streams, stacks)."""
+        # private, and no public API records the trace (torch.cuda.memory_snapshot() gives the
+        # segments only); PyTorch's memory docs name these two (tests/test_private_api.py)
         torch.cuda.memory._record_memory_history("all" if enabled else None, stacks="python")
 
     def memory_snapshot(self):
@@ -68,6 +70,8 @@ class CudaDevice:
 
 def distinct_stream(new_stream, graph_cls, current_stream, tries=64):
     """new_stream() until it differs from the graph class's capture stream and the current stream."""
+    # default_capture_stream: an undocumented class attribute, no public API names the stream
+    # torch.cuda.graph captures on by default (tests/test_private_api.py)
     if graph_cls.default_capture_stream is None:  # torch creates it lazily at the first capture
         graph_cls.default_capture_stream = new_stream()
     taken = {graph_cls.default_capture_stream.cuda_stream, current_stream().cuda_stream}

@@ -32,9 +32,9 @@ def commit():
     cannot be told. NBLIB_COMMIT, when set, wins: a copy of the tree on another machine (the device)
     may carry a stale .git or none. A git repository that merely encloses the project (a copy
     unpacked inside another checkout) is not this project's history, so it is not asked."""
-    carried = os.environ.get("NBLIB_COMMIT", "unknown")
-    if carried != "unknown":
-        return carried
+    named = os.environ.get("NBLIB_COMMIT", "unknown")
+    if named != "unknown":
+        return named
     try:
         if Path(_git("rev-parse", "--show-toplevel")).resolve() != ROOT:
             return "unknown"

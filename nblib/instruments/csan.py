@@ -91,6 +91,8 @@ def _control():
     """CSAN's documentation example: a tensor written on a new stream without a sync. It must report."""
     # the child's imports stay in the child: CSAN installs process-wide hooks once imported and enabled
     import torch
+
+    # private module: CSAN's error class has no public name (tests/test_private_api.py)
     from torch.cuda._sanitizer import CUDASanitizerErrors
 
     a = torch.rand(4, 2, device="cuda")
@@ -105,6 +107,9 @@ def _control():
 def _child(spec):
     # the child's imports stay in the child (see _control)
     import torch
+
+    # private module (tests/test_private_api.py): TORCH_CUDA_SANITIZER=1, the public switch, enables
+    # the same sanitizer at `import torch`, but its error class has no public name
     from torch.cuda._sanitizer import CUDASanitizerErrors, enable_cuda_sanitizer
 
     from nblib.engine.model import DecodeModel, ModelConfig

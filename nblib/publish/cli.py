@@ -3,7 +3,8 @@ python -m nblib cells   (rewrite each notebook's parameters cell from the profil
 python -m nblib sweep --params P --grid params/grids/G.yaml [--workers N | --ray auto|local|ADDRESS]
 python -m nblib publish RUN_DIR [--out RUN_DIR/site] [--check]
 python -m nblib window [--params P] [--out params/local-<gpu>.yaml] [--runs 2] [--depths LO:HI] [--band LO:HI]
-python -m nblib audit TARGET [--backend cuda|sim] [--json] [--label L]   (docs/audit.md; exit 0/1/2)"""
+python -m nblib audit TARGET [--backend cuda|sim] [--json] [--label L]   (docs/audit.md; exit 0/1/2)
+python -m nblib results [--check] [--out docs/results.md]   (the page of committed results)"""
 
 import argparse
 import sys
@@ -55,6 +56,9 @@ def main(argv=None):
     w.add_argument("--runs", type=int, default=2, help="protocol runs per depth (the confirm: protocol_runs)")
     w.add_argument("--depths", help="LO:HI, trunk depths to search (default: around the profile's, widened)")
     w.add_argument("--band", default="0.1:0.4", help="LO:HI, the intermittent share of sessions corrupted")
+    d = sub.add_parser("results", help="write docs/results.md from the committed results files")
+    d.add_argument("--out", help="the page (default: docs/results.md)")
+    d.add_argument("--check", action="store_true", help="exit 1, naming the lines, when the page is stale")
     args = ap.parse_args(argv)
     try:
         COMMANDS[args.cmd](args)
@@ -164,6 +168,20 @@ def _window(args):
     print(f"wrote {out} in {found.seconds:.0f} s; run it: python -m nblib run --params {out}")
 
 
+def _results(args):
+    from nblib.publish import results_doc
+
+    out = Path(args.out) if args.out else results_doc.DOC
+    if not args.check:
+        print(f"wrote {results_doc.write(out)}")
+        return
+    diff = results_doc.differences(out)
+    if diff:
+        print("\n".join(diff))
+        sys.exit(f"{out} differs from the committed results in the lines above: run python -m nblib results")
+    print(f"{out} agrees with the committed results")
+
+
 COMMANDS = {
     "run": _run,
     "cells": _cells,
@@ -171,6 +189,7 @@ COMMANDS = {
     "publish": _publish,
     "audit": _audit,
     "window": _window,
+    "results": _results,
 }
 
 if __name__ == "__main__":

@@ -29,7 +29,11 @@ import gc
 import weakref
 
 import torch
+
+# private API, no public one: __torch_dispatch__ modes exist only in torch.utils._python_dispatch
 from torch.utils._python_dispatch import TorchDispatchMode
+
+# private API, no public one in torch (optree is the outside library); tests/test_private_api.py
 from torch.utils._pytree import tree_flatten
 
 from nblib.backends.sim.arena import extent, layout
@@ -239,6 +243,7 @@ class CudaRecording(Recording):
             return func(*args, **kwargs)
         stream = self._stream()
         stack = python_stack(depth=3)
+        # OpOverload._schema: private; OpOverload.name() is public but adds the overload name
         if func._schema.name == "aten::record_stream":
             a = cap.live.find(args[0].data_ptr())
             if a is not None:
