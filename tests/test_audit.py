@@ -463,8 +463,10 @@ def test_cuda_model_configurations():
             formed = {(a["bucket"], a["first"], a["second"]) for a in runner.aliases()}
             assert {(2, "indexer.logits", "mlp.up"), (8, "indexer.logits", "mlp.up")} <= formed, formed
             assert sorted(rep.by("bucket")) == [2, 8], str(rep)
-            assert {r["first_tensor"] for r in rep.rows("tensors")} == {"indexer.logits"}
-            assert "mlp.up" in {r["second_tensor"] for r in rep.rows("tensors")}, str(rep)
+            # the rows name the block by the tensor that reused it (on the H200 both sides read
+            # "mlp.up": the CUDA recorder names bytes by their latest allocation); the aliases
+            # above name the freed logits, from the model's own address notes
+            assert {r["second_tensor"] for r in rep.rows("tensors")} == {"mlp.up"}, str(rep)
         else:
             assert rep.ok, (dtype, overlap, policy, str(rep))
         # torch._C._len_torch_dispatch_stack: private, no public API (tests/test_private_api.py)
