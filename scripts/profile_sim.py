@@ -2,10 +2,12 @@
 
     python scripts/profile_sim.py --params params/sim.yaml --piece protocol --out outputs/profile/after
 
-Pieces (each one a part of notebook 00's matrix, small enough to profile in minutes):
+Pieces (parts of notebook 00's matrix and its replays, each small enough to profile in minutes):
   protocol   the protocol's first seed on bf16 + graph + overlap on, then on bf16 + graph + overlap
              off (the same workload on a configuration that never forks)
   bucket1    the matrix's bucket-1 row on bf16 + graph + overlap on, with --sessions sessions
+  replays    on bf16 + graph + overlap on, each bucket's full batch (--ctx entries a request, about
+             the workload's longest) replayed and its eager reference computed, --replays times
 Writes <out>/<piece>.txt: wall and CPU seconds, then the top functions by cumulative and by own
 time. Runs on any checkout of the project (it uses only the studies' public functions), so the
 same piece can be profiled on two commits and the files compared.
@@ -49,7 +51,27 @@ def piece_bucket1(dev, profile, args):
     build.bucket_run(_runner(dev, profile, "on"), profile["workload"], 1, sessions=args.sessions)
 
 
-PIECES = {"protocol": piece_protocol, "bucket1": piece_bucket1}
+def _cpu_ms(fn, n):
+    c0 = time.process_time()
+    for _ in range(n):
+        fn()
+    return 1e3 * (time.process_time() - c0) / n
+
+
+def piece_replays(dev, profile, args):
+    """Returns a line per bucket: CPU ms of one replay and of one eager reference (the profiler's
+    own cost included, the same on any checkout)."""
+    r = _runner(dev, profile, "on")
+    lines = []
+    for b in profile["buckets"]:
+        batch = build.full_batch(r.model, b, ctx=args.ctx)
+        replay = _cpu_ms(lambda batch=batch: r.run(*batch), args.replays)
+        reference = _cpu_ms(lambda batch=batch: r.reference(*batch), args.replays)
+        lines.append(f"bucket {b}: replay {replay:.2f} ms CPU, eager reference {reference:.2f} ms CPU\n")
+    return lines
+
+
+PIECES = {"protocol": piece_protocol, "bucket1": piece_bucket1, "replays": piece_replays}
 
 
 def main():
@@ -57,6 +79,8 @@ def main():
     ap.add_argument("--params", default="params/sim.yaml")
     ap.add_argument("--piece", choices=sorted(PIECES), default="protocol")
     ap.add_argument("--sessions", type=int, default=10, help="bucket1: sessions of the workload")
+    ap.add_argument("--replays", type=int, default=50, help="replays: replays and references per bucket")
+    ap.add_argument("--ctx", type=int, default=600, help="replays: entries per request of the full batch")
     ap.add_argument("--top", type=int, default=40)
     ap.add_argument("--out", required=True, help="folder for <piece>.txt")
     args = ap.parse_args()
@@ -65,11 +89,12 @@ def main():
     prof = cProfile.Profile()
     t0, c0 = time.perf_counter(), time.process_time()
     prof.enable()
-    PIECES[args.piece](dev, profile, args)
+    lines = PIECES[args.piece](dev, profile, args) or []
     prof.disable()
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     buf = io.StringIO()
     buf.write(f"piece {args.piece}, profile {args.params}: {wall:.1f} s wall, {cpu:.1f} s CPU\n")
+    buf.writelines(lines)
     stats = pstats.Stats(prof, stream=buf).strip_dirs()
     stats.sort_stats("cumulative").print_stats(args.top)
     stats.sort_stats("tottime").print_stats(args.top)

@@ -37,6 +37,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels import indexer as kx
+from nblib.backends.sim.fastops import live_columns
 from nblib.engine.buffers import PersistentBuffers
 
 INDEX_DTYPES = ("bf16", "fp8")
@@ -127,6 +128,7 @@ class DecodeModel:
         self.side = dev.Stream()
         self.buffers = PersistentBuffers(dev)  # logits_policy persistent: made before capture
         self.captures = []  # (bucket, name, tensor, stream) noted while capturing
+        self._eager_logits = {}  # batch size -> the CPU's eager logits scratch (_eager_scratch)
 
     # -- cache writes, used by prefill (eager) and by the compressor inside the step ------------
     def store(self, slots, h_idx, h_kv):
@@ -192,8 +194,23 @@ class DecodeModel:
             return self.buffers.get(self._logits_stream(), bs, (bs, cfg.max_ctx))
         if cfg.index_dtype not in HANDS_LOGITS_ACROSS:
             return None
-        t = torch.empty(bs, cfg.max_ctx, dtype=torch.float32, device=self.dev.torch_device)
+        t = self._eager_scratch(bs)
+        if t is None:
+            t = torch.empty(bs, cfg.max_ctx, dtype=torch.float32, device=self.dev.torch_device)
         self.note("indexer.logits", t, use)
+        return t
+
+    def _eager_scratch(self, bs):
+        """On the CPU outside a capture, one [bs, max_ctx] fp32 logits scratch per batch size,
+        reused step after step: the indexer writes every column, and a fresh 20 MB tensor costs
+        the host its page faults each step, several times the indexer's work. Else None (the
+        caller allocates, where a capture's allocation site is reported)."""
+        d = self.dev.torch_device
+        if d.type != "cpu" or self.dev.is_current_stream_capturing():
+            return None
+        t = self._eager_logits.get(bs)
+        if t is None:
+            t = self._eager_logits[bs] = torch.empty(bs, self.cfg.max_ctx, dtype=torch.float32, device=d)
         return t
 
     gediff = None  # the graph-vs-eager differential's hook (nblib.instruments.gediff), called while capturing
@@ -210,6 +227,10 @@ class DecodeModel:
             self.gediff(q, head_w, page_table, seq_lens, logits)  # its clones are captured too
         if self.cfg.topk_kernel == "triton":
             return kx.topk_indices_op(logits, self.cfg.topk)  # csi::topk_indices: Triton on CUDA
+        if logits.device.type == "cpu" and not self.dev.is_current_stream_capturing():
+            # the same indices from the columns before the -inf tail (a replay's top-k node takes
+            # the same shortcut, sim.fastops.SHORTCUTS); a capture records the op over every column
+            logits = logits[:, : live_columns(logits, self.cfg.topk)]
         return kx.topk_indices(logits, self.cfg.topk)
 
     def index_logits(self, q, head_w, page_table, seq_lens, logits=None, programs=None):
@@ -219,7 +240,10 @@ class DecodeModel:
         cfg = self.cfg
         programs = cfg.indexer_programs if programs is None else programs
         if logits is None:
-            logits = torch.empty(q.shape[0], cfg.max_ctx, dtype=torch.float32, device=self.dev.torch_device)
+            bs = q.shape[0]
+            logits = self._eager_scratch(bs)
+            if logits is None:
+                logits = torch.empty(bs, cfg.max_ctx, dtype=torch.float32, device=self.dev.torch_device)
             self.note("indexer.logits", logits)
         if cfg.index_dtype == "bf16":
             kx.indexer_logits_bf16(q, head_w, self.index_cache, page_table, seq_lens, logits, programs)

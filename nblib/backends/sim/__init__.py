@@ -19,6 +19,7 @@ Modules, bottom to top:
   arena      CPU memory behind the addresses; tensors are views of it, and a block is freed when
              the last tensor sharing its storage dies (CPython refcounting)
   ops        what each op does to memory, from its schema (shared with the CUDA trace recorder)
+  fastops    host shortcuts a replayed node runs in place of its op: the same bytes, sooner
   rules      what a capture forbids: SimCaptureError where CUDA fails the capture
   streams    streams and events: bookkeeping; while capturing they carry dependency frontiers
   capture    a TorchDispatchMode: view ops run at once (no memory), every other op is recorded as

@@ -8,11 +8,16 @@ import sys
 from typing import NamedTuple
 
 import torch
+
+# private API, no public one: __torch_dispatch__ modes exist only in torch.utils._python_dispatch
 from torch.utils._python_dispatch import TorchDispatchMode
+
+# private API, no public one in torch (optree is the outside library); tests/test_private_api.py
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from nblib.backends.sim.allocator import stream_name
 from nblib.backends.sim.arena import extent, layout
+from nblib.backends.sim.fastops import shortcut
 from nblib.backends.sim.ops import FORBIDDEN, arg, mutated_args, op_info, to_meta
 from nblib.backends.sim.rules import SimCaptureError, violation
 
@@ -178,7 +183,9 @@ def tree_map_tensors(fn, args, kwargs):
 
 def _make_closures(func, leaves, spec, mut_idx, out_shadows, n_returns):
     """run(): read and write at once; read() -> state: read the inputs, compute into temporaries
-    (mutated arguments are cloned first); write(state): store outputs and mutated arguments."""
+    (mutated arguments are cloned first); write(state): store outputs and mutated arguments.
+    The op runs through its host shortcut, if it has one (fastops: the same result, sooner)."""
+    func = shortcut(func)
     args, kwargs = tree_unflatten(leaves, spec)
     single = n_returns == 1
 

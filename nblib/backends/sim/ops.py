@@ -7,6 +7,8 @@ import threading
 from dataclasses import dataclass
 
 import torch
+
+# private API, no public one: __torch_dispatch__ modes exist only in torch.utils._python_dispatch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 # ops that allocate and write nothing (no node)
@@ -44,6 +46,7 @@ def op_info(func):
     info = _OP_INFO.get(func)
     if info is not None:
         return info
+    # OpOverload._schema: private, no public API gives alias_info (tests/test_private_api.py)
     schema = func._schema
     name = schema.name
     args = schema.arguments
