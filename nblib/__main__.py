@@ -1,6 +1,6 @@
-"""`python -m nblib ...`: the command line lives in nblib.publish.cli."""
+"""`python -m nblib ...`: the command line lives in nblib.run.cli."""
 
-from nblib.publish.cli import main
+from nblib.run.cli import main
 
 if __name__ == "__main__":
     main()

@@ -137,7 +137,7 @@ def specs(groups=GROUPS):
 
 def _miniature():
     """The ci profile's model and buckets: the shapes notebook 03 audits in the tests."""
-    from nblib.publish import params as P
+    from nblib.schema import params as P
 
     prof = P.load(ROOT / "params" / "ci.yaml")
     return prof["model"], prof["buckets"]

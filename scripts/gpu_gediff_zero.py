@@ -12,7 +12,7 @@ from nblib.engine import build
 from nblib.engine.build import full_batch
 from nblib.engine.runner import Runner
 from nblib.instruments.gediff import GEDiff
-from nblib.publish import params as P
+from nblib.schema import params as P
 
 if not device.has_cuda():
     sys.exit("gpu_gediff_zero.py: needs a CUDA GPU")

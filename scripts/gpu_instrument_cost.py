@@ -12,7 +12,7 @@ from pathlib import Path
 from kernels.harness import meta, write_atomic
 from nblib.backends import device
 from nblib.instruments import overhead
-from nblib.publish import params as P
+from nblib.schema import params as P
 
 
 def main(argv=None):

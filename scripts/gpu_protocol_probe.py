@@ -24,7 +24,7 @@ from nblib.core.files import write_text  # noqa: E402
 from nblib.engine import build  # noqa: E402
 from nblib.engine.model import ModelConfig  # noqa: E402
 from nblib.engine.runner import Runner  # noqa: E402
-from nblib.publish import params  # noqa: E402
+from nblib.schema import params  # noqa: E402
 from nblib.studies import designs, protocol  # noqa: E402
 
 MODEL_KEYS = {f for f in ModelConfig.__dataclass_fields__}

@@ -3,7 +3,7 @@ import torch
 
 from nblib.core.paths import ROOT
 from nblib.engine import build
-from nblib.publish import suite
+from nblib.run import suite
 
 TINY = dict(heads=4, dim=128, topk=32, max_ctx=1024, d_model=256, ffn=1024, num_pages=256, vocab=512)
 

@@ -303,7 +303,7 @@ def test_model_configurations(dtype, overlap, policy):
 
 
 def test_auditing_the_largest_ci_capture_names_the_race():
-    from nblib.publish import params as P
+    from nblib.schema import params as P
 
     prof = P.load(P.ROOT / "params" / "ci.yaml")
     dev = SimDevice()

@@ -14,7 +14,7 @@ import pytest
 from nblib.backends.sim import SimDevice, SimGraph
 from nblib.core.paths import ROOT
 from nblib.instruments import audit_target
-from nblib.publish import cli
+from nblib.run import cli
 
 DECODE = "examples/audit/decode_step.py"
 DSV4 = "examples/audit/dsv4_attention.py"

@@ -19,8 +19,9 @@ from matplotlib.text import Text
 
 from nblib.backends import device
 from nblib.core.paths import ROOT
-from nblib.publish import params as P
-from nblib.publish import plots, sweep, sweep_table
+from nblib.publish import plots
+from nblib.run import sweep, sweep_table
+from nblib.schema import params as P
 from nblib.studies import overlap
 
 SHOWN_PX = 1000  # the width a figure is read at (the site scales wider images down, never up)

@@ -46,7 +46,7 @@ def test_step_times_interleave_the_variants_replay_by_replay():
     """Each round times one replay of every variant, so a drift during the measurement cannot
     favour the variant timed first; every row has its own replays and none of the warm-up."""
     from nblib.backends.sim import SimDevice
-    from nblib.publish import params as P
+    from nblib.schema import params as P
 
     prof = P.load(P.ROOT / "params" / "ci.yaml")
     order, clock = [], iter(range(10_000))

@@ -22,8 +22,8 @@ from triton.runtime.jit import JITFunction
 import kernels
 from kernels import compile_check, launch
 from kernels.logits_configs import config_for
-from nblib.publish import notebook
-from nblib.publish import params as P
+from nblib.run import notebook
+from nblib.schema import params as P
 
 pytest.importorskip("triton.backends.nvidia", reason="this Triton has no NVIDIA backend to compile for")
 

@@ -19,8 +19,9 @@ from nblib.core.paths import MEASURING
 from nblib.engine.model import LOGITS_POLICIES
 from nblib.instruments import audit_zoo
 from nblib.instruments.gediff import DESIGNS
-from nblib.publish import params as P
-from nblib.publish import plots, suite
+from nblib.publish import plots, runindex
+from nblib.run import suite
+from nblib.schema import params as P
 from nblib.studies import fix, reproduce
 
 CI = P.ROOT / "params" / "ci.yaml"
@@ -365,7 +366,9 @@ def _write_records(out, names, barrier):
     barrier.wait()  # both writers start together, after their imports
     for n in names:
         rec = dict(notebook=n, status="ok", html=f"{n}.html", error=None, seconds=1.0)
-        suite._record(out, dict(rec, verdict=None, backend="sim", device="sim", commit="c"), "params/ci.yaml")
+        runindex.record(
+            out, dict(rec, verdict=None, backend="sim", device="sim", commit="c"), "params/ci.yaml"
+        )
 
 
 def test_lanes_writing_one_index_lose_no_record(tmp_path):

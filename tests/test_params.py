@@ -10,8 +10,8 @@ import pytest
 import yaml
 
 from nblib.core.paths import NOTEBOOK_DIR, NOTEBOOKS, ROOT
-from nblib.publish import cli, notebook, suite
-from nblib.publish import params as P
+from nblib.run import cli, notebook, suite
+from nblib.schema import params as P
 
 CI = ROOT / "params" / "ci.yaml"
 

@@ -1,4 +1,4 @@
-"""Phase timing (nblib.core.phases), the speed table (nblib.publish.benchtable) and the shared
+"""Phase timing (nblib.core.phases), the speed table (nblib.run.benchtable) and the shared
 eager references (nblib.engine.references)."""
 
 import json
@@ -12,7 +12,7 @@ from nblib.core.results import Results
 from nblib.engine import build, references
 from nblib.engine.runner import Runner
 from nblib.engine.workload import WorkloadConfig, run_sessions
-from nblib.publish import benchtable
+from nblib.run import benchtable
 
 SHAPES = dict(heads=2, dim=64, topk=8, max_ctx=512, d_model=64, ffn=256, num_pages=64, vocab=64)
 SHAPES.update(trunk_layers=1, trunk_width=64, indexer_programs=1)

@@ -9,7 +9,8 @@ import re
 import pytest
 from markupsafe import escape
 
-from nblib.publish import browse, site, suite
+from nblib.publish import browse, site
+from nblib.run import suite
 
 # set by .ci/run (CI=true by most CI services): there a missing browser fails the browser tests
 # instead of skipping them, so the site check cannot silently stop running

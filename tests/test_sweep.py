@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from nblib.core import stats
-from nblib.publish import params as P
-from nblib.publish import sweep
+from nblib.run import sweep
+from nblib.schema import params as P
 
 TINY = {
     **P.load(P.ROOT / "params" / "ci.yaml"),

@@ -12,8 +12,8 @@ import torch
 
 from nblib.backends.device import get
 from nblib.instruments import canary
-from nblib.publish import pagemap, widgets
-from nblib.publish import params as P
+from nblib.lab import pagemap, widgets
+from nblib.schema import params as P
 from nblib.studies import designs, reproduce
 
 CI = P.load(P.ROOT / "params" / "ci.yaml")

@@ -14,8 +14,8 @@ from nblib.backends import device
 from nblib.core.paths import ROOT
 from nblib.engine import build
 from nblib.engine.runner import Runner
-from nblib.publish import cli, suite
-from nblib.publish import params as P
+from nblib.run import cli, suite
+from nblib.schema import params as P
 from nblib.studies import protocol, window
 
 BAND = window.Band()

@@ -1,4 +1,4 @@
-"""publish: the top layer. Profiles and their schema (params), the papermill suite runner and the
-CLI (suite, cli), the writeup (report), tables and figures (show, plots), the live panels
-(widgets, panel, pagemap), parameter sweeps locally or on Ray (sweep, sweep_table, raysweep) and
-the static site checked in a browser (site, pages, browse). May import every other layer."""
+"""publish: what a reader sees of a run. The run folder's index and each notebook's HTML (runindex,
+pages), the writeup and its backend notes (report, caveats), tables and figures (show, plots), the
+static site checked in a browser (site, browse), and docs/results.md from committed results
+(results_doc, results_figures). Imports the layers below; never the lab or the run layer."""

@@ -22,7 +22,7 @@ import yaml
 from nbconvert.filters import markdown2html
 
 from nblib.core.files import write_text
-from nblib.publish import pages, report, show, suite
+from nblib.publish import pages, report, runindex, show
 
 SITE = "site"
 
@@ -119,7 +119,7 @@ def build(run_dir, out=None):
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     if out == run / SITE:
-        suite.write_index(run)  # the run's own index links to the site now
+        runindex.write_index(run)  # the run's own index links to the site now
     return Site(out, names)
 
 

@@ -403,7 +403,7 @@ def no_window(latest, band, stopped=False):
 
 
 def search(dev, profile, ask: Ask, source="", progress=say):
-    """The search on `dev` for a loaded profile (nblib.publish.params.load); see the module docstring."""
+    """The search on `dev` for a loaded profile (nblib.schema.params.load); see the module docstring."""
     check_profile(profile)
     near = profile["model"]["trunk_layers"]
     (lo, hi), widen_to = (ask.depths, None) if ask.depths else default_range(near)

@@ -12,14 +12,14 @@ A grid file (params/grids/*.yaml):
       index_dtypes: [[bf16], [fp8]]
       workload.sessions: [16, 40]   # a dotted key sets one field of a dict parameter
 
-Every grid key must be a parameter the notebook declares (nblib.publish.params.DECLARES), and each
+Every grid key must be a parameter the notebook declares (nblib.schema.params.DECLARES), and each
 point must pass the profile schema (params.validate); a key or value that does not fails in one
 line before anything runs.
 
 Each point is one `python -m nblib run` into OUT/points/<id>/ (the id is a hash of the point's
 values, so a changed grid never reuses a stale folder). Workers: one per GPU on a CUDA profile,
 each child pinned with CUDA_VISIBLE_DEVICES; N processes on the simulator; or one Ray task per
-point (nblib.publish.raysweep). A point whose notebooks all say status ok is skipped when the sweep
+point (nblib.run.raysweep). A point whose notebooks all say status ok is skipped when the sweep
 runs again; a point that fails is run once more, then recorded as failed.
 
     OUT/sweep.json                      every point: values, status, attempts, error, seconds
@@ -45,8 +45,9 @@ from tqdm.auto import tqdm
 from nblib.core.files import write_text
 from nblib.core.paths import ROOT
 from nblib.core.results import write_json
-from nblib.publish import params as P
-from nblib.publish import suite, sweep_table
+from nblib.publish import runindex
+from nblib.run import suite, sweep_table
+from nblib.schema import params as P
 
 RESERVED = P.NOT_IN_PROFILES  # the sweep sets output_dir; INTERACTIVE is for live sessions
 ATTEMPTS = 2  # a failed point is run once more, then recorded as failed
@@ -79,7 +80,7 @@ class Outcome(NamedTuple):
 
 
 def declared(notebook):
-    """The parameters a notebook declares, from the profile schema (nblib.publish.params)."""
+    """The parameters a notebook declares, from the profile schema (nblib.schema.params)."""
     return frozenset(P.DECLARES[notebook])
 
 
@@ -242,7 +243,7 @@ def sweep(params, grid, out=None, workers=None, ray=None, table="csv", timeout=1
     outcomes = [Outcome(p, "skipped", 0, None, 0.0) for p in skipped]
     with tqdm(total=len(pts), initial=len(skipped), desc="sweep", unit="point") as bar:
         if ray:
-            from nblib.publish import raysweep  # optional dependency: only --ray needs it
+            from nblib.run import raysweep  # optional dependency: only --ray needs it
 
             outcomes += raysweep.run(todo, g.notebooks, out, profile, ray, timeout, bar, run_point)
         else:
@@ -252,7 +253,7 @@ def sweep(params, grid, out=None, workers=None, ray=None, table="csv", timeout=1
     write_json(
         out / "sweep.json",
         dict(
-            params=suite.shown_path(params),
+            params=runindex.shown_path(params),
             grid=dict(zip(g.keys, g.values)),
             notebooks=g.notebooks,
             points=[{**o._asdict(), "point": o.point.id, "values": o.point.values} for o in outcomes],

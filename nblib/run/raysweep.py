@@ -1,6 +1,6 @@
 """The sweep on a Ray cluster: one task per grid point, `num_gpus=1` on CUDA profiles (Ray sets
 each task's CUDA_VISIBLE_DEVICES). A task runs its point exactly as a local worker does
-(nblib.publish.sweep.run_point: a child `python -m nblib run`, one retry) in a scratch folder on
+(nblib.run.sweep.run_point: a child `python -m nblib run`, one retry) in a scratch folder on
 its node, then sends the point's files back; the driver writes them into its own output folder.
 
     python -m nblib sweep --params params/gpu.yaml --grid params/grids/policy.yaml --ray auto

@@ -268,7 +268,7 @@ def parameters_cell(notebook):
     ruff's formatter leaves it as written (fmt: off), so a dict keeps a few items a line."""
     lines = [
         "# Parameters: papermill overrides them (python -m nblib run passes a validated profile).",
-        "# Names, types, defaults and help come from the schema, nblib.publish.params.Profile.",
+        "# Names, types, defaults and help come from the schema, nblib.schema.params.Profile.",
         "# fmt: off",
     ]
     for key in DECLARES[notebook]:

@@ -7,7 +7,7 @@ question. Each callback calls the plain function the batch run calls and shows i
   03 timeline_explorer   one capture's streams, one hazard lit  overlap.audit_model, plots.stream_timeline
   04 fix_explorer        variant by bucket: corruption, speed   fix.run_variant, fix.step_times
 
-Each returns a Panel (nblib.publish.panel): show it as a cell's last value; panel.click() runs it.
+Each returns a Panel (nblib.lab.panel): show it as a cell's last value; panel.click() runs it.
 """
 
 import ipywidgets as W
@@ -16,8 +16,9 @@ import matplotlib.pyplot as plt
 from nblib.core import stats
 from nblib.engine.model import INDEX_DTYPES, LOGITS_POLICIES, OVERLAPS
 from nblib.engine.runner import MODES
-from nblib.publish import pagemap, plots
-from nblib.publish.panel import Panel
+from nblib.lab import pagemap
+from nblib.lab.panel import Panel
+from nblib.publish import plots
 from nblib.publish.show import html_table
 from nblib.studies import designs, fix, overlap, protocol, reproduce
 

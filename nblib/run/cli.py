@@ -67,8 +67,9 @@ def main(argv=None):
 
 
 def _run(args):
-    from nblib.publish import benchtable, suite
-    from nblib.publish import params as P
+    from nblib.publish import runindex
+    from nblib.run import benchtable, suite
+    from nblib.schema import params as P
 
     records = suite.run(args.params, args.out, args.only, args.timeout, args.lanes)
     for rec in records:
@@ -77,7 +78,7 @@ def _run(args):
     if args.bench:
         backend = next((r["backend"] for r in records if r.get("backend")), "sim")
         table, folder = benchtable.write(
-            records, backend, suite.shown_path(args.params or P.default_profile())
+            records, backend, runindex.shown_path(args.params or P.default_profile())
         )
         print(f"speed table: {folder}/speed.md (total {table.total_seconds:.1f} s)")
     out = suite.output_dir(args.params, args.out)
@@ -89,7 +90,7 @@ def _cells(args):
     import nbformat
 
     from nblib.core.paths import NOTEBOOK_DIR
-    from nblib.publish import params
+    from nblib.schema import params
 
     for name in params.DECLARES:
         path = NOTEBOOK_DIR / f"{name}.ipynb"
@@ -101,7 +102,7 @@ def _cells(args):
 
 
 def _sweep(args):
-    from nblib.publish import sweep
+    from nblib.run import sweep
 
     outcomes, table, fig = sweep.sweep(
         args.params, args.grid, args.out, args.workers, args.ray, args.table, args.timeout, args.notebook
@@ -150,7 +151,8 @@ def _window(args):
     import yaml
 
     from nblib.core.results import commit
-    from nblib.publish import params, suite
+    from nblib.publish import runindex
+    from nblib.schema import params
     from nblib.studies import window
 
     path = Path(args.params or params.default_profile())
@@ -160,7 +162,7 @@ def _window(args):
         raise ValueError(f"--out names the profile to write: a .yaml file, got {args.out}")
     dev = params.resolve_backend(profile["backend"])
     out = Path(args.out or params.ROOT / "params" / f"local-{window.device_slug(dev)}.yaml")
-    found = window.search(dev, profile, ask, suite.shown_path(path))
+    found = window.search(dev, profile, ask, runindex.shown_path(path))
     print(found.choice.reason)
     if not found.found:
         sys.exit(1)

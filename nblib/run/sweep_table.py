@@ -25,8 +25,8 @@ from matplotlib.transforms import offset_copy
 
 from nblib.core import stats
 from nblib.core.files import write_bytes
-from nblib.publish import params as P
 from nblib.publish.plots import DPI
+from nblib.schema import params as P
 
 
 def _pool(rows, key, where):

@@ -2,7 +2,7 @@
 
     dev, res = nblib.setup("00_reproduce", globals())
 
-It reads the notebook's declared parameters (nblib.publish.params.DECLARES) from the namespace the
+It reads the notebook's declared parameters (nblib.schema.params.DECLARES) from the namespace the
 parameters cell filled, validates them against the profile schema (one-line error before anything
 heavy), opens the device, seeds it, and starts results.json with the parameters actually applied.
 """
@@ -13,7 +13,7 @@ from kernels import launch
 from nblib.backends import device
 from nblib.core import phases
 from nblib.core.results import Results
-from nblib.publish import params
+from nblib.schema import params
 
 
 class Setup(NamedTuple):

@@ -11,7 +11,6 @@ notebooks still run in order, and 05 runs last because it reads every result.
 """
 
 import contextlib
-import fcntl
 import json
 import os
 import signal
@@ -24,11 +23,9 @@ from pathlib import Path
 import papermill as pm
 from tqdm.auto import tqdm
 
-from nblib.core import phases
-from nblib.core.files import write_json, write_text
 from nblib.core.paths import NOTEBOOK_DIR, NOTEBOOKS, ROOT
-from nblib.publish import pages
-from nblib.publish import params as P
+from nblib.publish import runindex
+from nblib.schema import params as P
 
 # 03 reuses 00's replays (same commit and parameters), so they share a lane; 05 reads every result
 LANES = (("00", "03"), ("01", "02", "04"))
@@ -70,7 +67,7 @@ def run(params_path=None, out=None, only=None, timeout=1800, lanes=1):
     if len(plan) > 1:
         _run_lanes(plan, gpus, params_path, out, timeout)
         notebooks = [n for n in notebooks if not any(n in lane for lane in plan)]
-    records = _load_index(out)
+    records = runindex.load_index(out)
     with _stop_on_sigterm():
         records = _run_each(notebooks, profile, params_path, out, timeout) or records
     return records
@@ -152,8 +149,8 @@ def _run_each(notebooks, profile, params_path, out, timeout):
             phases=res.get("phases") or [],
         )
         if dest.exists():
-            rec["phases"] = rec["phases"] + [_render_html(dest, out / rec["html"]).model_dump()]
-        records = _record(out, rec, shown_path(params_path))
+            rec["phases"] = rec["phases"] + [runindex.render_html(dest, out / rec["html"]).model_dump()]
+        records = runindex.record(out, rec, runindex.shown_path(params_path))
         if rec["status"] != "ok":
             bar.close()
             raise SystemExit(
@@ -227,62 +224,3 @@ def _results(out, name):
         return json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
-
-
-def _render_html(nb_path, html_path):
-    """Render the executed notebook; returns the time it took, as the nbconvert phase."""
-    clock = phases.PhaseClock()
-    with clock.phase("nbconvert"):
-        write_text(html_path, pages.notebook_html(nb_path, exclude_input=True))
-    return clock.times()[0]
-
-
-def _record(out, rec, params):
-    """Put rec into index.json (replacing the notebook's earlier record) under a lock, reading the
-    index afresh: lanes write to one folder, and none may lose another's record."""
-    with open(out / ".index.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        records = [r for r in _load_index(out) if r["notebook"] != rec["notebook"]] + [rec]
-        _write_index(out, records, params)
-    return records
-
-
-def _load_index(out):
-    try:
-        return json.loads((out / "index.json").read_text())["notebooks"]
-    except (OSError, ValueError, KeyError):
-        return []
-
-
-def shown_path(path):
-    """A profile as a reader should see it: relative to the repository when it lives there (a
-    machine's absolute path means nothing on another), else its file name."""
-    path = Path(path)
-    try:
-        return str(path.resolve().relative_to(P.ROOT))
-    except ValueError:
-        return path.name
-
-
-def write_index(out):
-    """Render the run's index page again from its index.json (after `publish` adds the site)."""
-    out = Path(out)
-    index = json.loads((out / "index.json").read_text())
-    _write_index(out, index["notebooks"], index["params"])
-
-
-def _write_index(out, records, params):
-    records = sorted(records, key=lambda r: r["notebook"])
-    write_json(out / "index.json", dict(params=params, notebooks=records))
-    exists = lambda name: name if (out / name).exists() else None
-    page = pages.render(
-        "run_index.html.j2",
-        title=f"capture-corruption suite: {out.name}",
-        run=out.name,
-        params=params,
-        records=[dict(r, link=exists(r["html"])) for r in records],
-        writeup=exists("05_report.html"),
-        writeup_md=exists("writeup.md"),
-        site=exists("site/index.html"),
-    )
-    write_text(out / "index.html", page)

@@ -1,0 +1,2 @@
+"""schema: the profile (params/*.yaml) and the one pydantic schema behind it: every key a profile or a
+notebook's parameters cell may hold, with its type, choices, default and help (params)."""
