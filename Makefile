@@ -1,44 +1,11 @@
 # make suite   the main job: every notebook, headless, on the GPU profile with CUDA, else the simulator
 # make test    lint, then the tests (GPU-only tests are skipped without CUDA, saying so)
-# make test-newest  the version-sensitive tests on the newest torch and Triton (see the target)
-# make lint    ruff check + ruff format --check (the same as .pre-commit-config.yaml)
-# make lab     JupyterLab on notebooks/ with the project's kernel (set INTERACTIVE = True for the panels)
-#
-# Which torch: TORCH (default torch==2.13.0). On a machine without a local wheel, pip's default index
-# serves the CUDA build of torch (several GB with its CUDA packages). For the CPU-only build, point
-# TORCH_INDEX at PyTorch's CPU wheel index (the PyTorch install page gives its address):
-#   make test TORCH_INDEX=<url of the CPU wheel index>
-# On a GPU machine that already has torch and triton: make test TORCH= TRITON= SYSTEM_SITE=1.
-PY := .venv/bin/python
-PARAMS ?=
-LANES ?=
-TORCH ?= torch==2.13.0
-TORCH_INDEX ?=
-TRITON ?= triton==3.6.0
-SYSTEM_SITE ?=
-LAB_ARGS ?=
-
-.venv/.stamp: pyproject.toml
-	python3 -m venv $(if $(SYSTEM_SITE),--system-site-packages) .venv
-	$(if $(TORCH),$(PY) -m pip install -q '$(TORCH)' $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)))
-	$(PY) -m pip install -q $(if $(TRITON),'$(TRITON)') -e '.[test,engines]'
-	touch $@
-
-suite: .venv/.stamp
-	$(PY) -m nblib run $(if $(PARAMS),--params $(PARAMS)) $(if $(LANES),--lanes $(LANES))
-
-lint: .venv/.stamp
-	$(PY) -m ruff check .
-	$(PY) -m ruff format --check .
-
-test: lint
-	$(PY) -m pytest -q
-
 # make test-newest   the newest torch and Triton that pyproject.toml's bounds admit, in a venv of
-# their own (.venv-newest), on the tests of the version-sensitive code: the private-API checks, the
-# kernels in Triton's interpreter and their compile checks, the simulator, the recorder, the audit
-# and the instruments. Left out, to keep CI short: the tests that run the notebook suite (minutes)
-# or read it, the site, the lab, the Ray sweep, the widgets and the profile schema (NEWEST_SKIP).
+# their own (.venv-newest), on the tests of the version-sensitive code (NEWEST_TESTS): the private-API
+# checks, the kernels in Triton's interpreter and their compile checks for every target, the device
+# facade, the simulator, the recorder and the audit. The notebook suite, the site, the lab and the
+# sweeps use nothing of torch or Triton that these do not, and take minutes, so they run on the
+# pinned versions only (make test); the venv gets the packages these tests import, not Jupyter.
 # pip's default index serves the CUDA build of torch (several GB with its CUDA packages).
 # NEWEST_PIP_ENV lifts a machine-wide pip constraint (a pip.conf `constraint`) that caps torch
 # below the newest, for this venv only, and keeps the machine's other pip settings (its indexes);
@@ -47,17 +14,19 @@ NEWEST_PY := .venv-newest/bin/python
 NEWEST_TORCH ?= torch==2.15.0
 NEWEST_TRITON ?= triton==3.9.0
 NEWEST_PIP_ENV ?= PIP_CONSTRAINT=/dev/null
-NEWEST_SKIP ?= test_notebooks.py test_site.py test_figures.py test_lab.py test_sweep.py test_widgets.py \
-	test_params.py
+NEWEST_DEPS := numpy scipy matplotlib pyyaml 'pydantic>=2' pandas jinja2 tqdm pytest
+NEWEST_TESTS ?= test_private_api.py test_topk.py test_instrument_kernels.py test_indexer.py \
+	test_kernel_compile.py test_device.py test_sim.py test_recorder.py test_audit.py test_audit_cli.py
 
 .venv-newest/.stamp: pyproject.toml
 	python3 -m venv .venv-newest
-	$(NEWEST_PIP_ENV) $(NEWEST_PY) -m pip install -q '$(NEWEST_TORCH)' '$(NEWEST_TRITON)' -e '.[test,engines]'
+	$(NEWEST_PIP_ENV) $(NEWEST_PY) -m pip install -q '$(NEWEST_TORCH)' '$(NEWEST_TRITON)' $(NEWEST_DEPS)
+	$(NEWEST_PY) -m pip install -q --no-deps -e .
 	touch $@
 
 test-newest: .venv-newest/.stamp
 	$(NEWEST_PY) -c "import torch, triton; print('test-newest: torch', torch.__version__, 'triton', triton.__version__)"
-	$(NEWEST_PY) -m pytest -q $(addprefix --ignore=tests/,$(NEWEST_SKIP))
+	$(NEWEST_PY) -m pytest -q $(addprefix tests/,$(NEWEST_TESTS))
 
 # the suite, then its speed table (each notebook's wall and phase times) beside the previous one of
 # this machine: outputs/bench-suite/<machine>-<commit>/speed.md

@@ -3,7 +3,6 @@ import torch
 
 from nblib.core.paths import ROOT
 from nblib.engine import build
-from nblib.run import suite
 
 TINY = dict(heads=4, dim=128, topk=32, max_ctx=1024, d_model=256, ffn=1024, num_pages=256, vocab=512)
 
@@ -38,6 +37,9 @@ def tiny_model(eager_dev):
 def ci_suite(tmp_path_factory):
     """The main job on the ci profile, every notebook 00 to 05, once per test session, in two
     lanes (as the H200 run uses them), so every notebook test also proves the lanes."""
+    # imported here: papermill is not in the venv of `make test-newest`, which never runs the suite
+    from nblib.run import suite
+
     out = tmp_path_factory.mktemp("ci_suite")
     suite.run(ROOT / "params" / "ci.yaml", out, lanes=2)
     return out

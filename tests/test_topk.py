@@ -177,10 +177,19 @@ def test_validation_errors():
         (lambda: T.topk_indices_triton(x, 5, out=torch.empty(2, 5)), "out must be torch.int32"),
         (lambda: T.topk_indices_triton(x, 5, lens.to("meta")), "must be on one device"),
         (lambda: T.topk_indices(x, 101), "k=101 is larger than the row"),
-        (lambda: T.topk_indices_triton(x, 5, config=dict(radix_bits=5)), "radix_bits must divide 32"),
+        (
+            lambda: T.topk_indices_triton(x, 5, kernel="radix", config=dict(radix_bits=5)),
+            "radix_bits must divide 32",
+        ),
         (lambda: T.topk_indices_triton(x, 5, kernel="bound", config=dict(radix_bits=5)), "must divide 32"),
-        (lambda: T.topk_indices_triton(x, 5, config=dict(chunk=1000)), "chunk must be a power of two"),
-        (lambda: T.topk_indices_triton(x, 5, config=dict(block=1024)), r"unknown config keys \['block'\]"),
+        (
+            lambda: T.topk_indices_triton(x, 5, kernel="radix", config=dict(chunk=1000)),
+            "chunk must be a power of two",
+        ),
+        (
+            lambda: T.topk_indices_triton(x, 5, kernel="radix", config=dict(block=1024)),
+            r"unknown config keys \['block'\]",
+        ),
         (lambda: T.topk_indices_triton(x, 5, kernel="sort"), "kernel must be one of radix, bound"),
     ]
     for fn, msg in bad:
