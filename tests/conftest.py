@@ -1,10 +1,9 @@
 import pytest
 import torch
+from models import EAGER
 
 from nblib.core.paths import ROOT
 from nblib.engine import build
-
-TINY = dict(heads=4, dim=128, topk=32, max_ctx=1024, d_model=256, ffn=1024, num_pages=256, vocab=512)
 
 
 class EagerCpu:
@@ -30,7 +29,7 @@ def eager_dev():
 
 @pytest.fixture
 def tiny_model(eager_dev):
-    return build.model(eager_dev, TINY)
+    return build.model(eager_dev, EAGER)
 
 
 @pytest.fixture(scope="session")

@@ -6,6 +6,7 @@ import types
 import pytest
 import torch
 from miniature import N, reuse_race_step
+from models import TINY
 
 from nblib.backends.sim import SimCaptureError, SimDevice, SimGraph
 from nblib.engine.model import DecodeModel, ModelConfig
@@ -274,8 +275,6 @@ def test_a_failed_capture_inside_a_recording_is_skipped_and_counted():
 # ------------------------------------------------------------------------------------------------
 # the decode model: hazard iff bf16 + transient + overlap on
 # ------------------------------------------------------------------------------------------------
-
-TINY = dict(heads=4, dim=32, topk=16, max_ctx=1024, d_model=256, ffn=1024, num_pages=64, vocab=512)
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp8"])

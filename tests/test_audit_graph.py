@@ -6,6 +6,7 @@ memset nodes, a real path, an op with no node. CPU only: the simulator's graphs,
 import ctypes
 
 import pytest
+from models import GRAPH
 
 from nblib.backends.device import get
 from nblib.backends.sim import SimDevice
@@ -127,14 +128,11 @@ def test_an_op_internal_kernel_is_neither_blind_nor_lacking():
 # the decode model's capture, shaped like the H200's graph (bucket 8, bf16, transient logits)
 # ------------------------------------------------------------------------------------------------
 
-TINY = dict(heads=4, dim=32, topk=16, max_ctx=1024, d_model=256, ffn=1024, num_pages=64, vocab=512)
-TINY.update(trunk_layers=2, trunk_width=256, indexer_programs=1)
-
 
 @pytest.fixture(scope="module")
 def model_capture():
     dev = get("sim")
-    rep, runner, _ = overlap.audit_model(dev, TINY, [8], "bf16", "on", "transient", keep_graph=True)
+    rep, runner, _ = overlap.audit_model(dev, GRAPH, [8], "bf16", "on", "transient", keep_graph=True)
     [tr] = rep.traces
     return tr, rep.hazards, audit_graph.read_graph(runner.graphs[8][0])
 

@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from models import CANARY, CANARY_WORKLOAD
 
 from nblib.backends import device
 from nblib.engine import build
@@ -9,15 +10,10 @@ from nblib.engine.runner import Runner
 from nblib.instruments import canary
 from nblib.instruments.canary import Canary, page_checksums
 
-CI = dict(heads=4, dim=32, topk=16, max_ctx=1024, d_model=256, ffn=1024, num_pages=300, vocab=512)
-W = dict(
-    sessions=6, rounds=2, ctx_min=64, ctx_max=600, turn_ctx=64, out_min=4, out_max=9, think_min=1, think_max=3
-)
-
 
 def _setup(overlap="off", bucket=2):
     dev = device.get("sim")
-    m = build.model(dev, CI, overlap=overlap)
+    m = build.model(dev, CANARY, overlap=overlap)
     runner = Runner(m, [bucket]).capture()
     args = build.full_batch(m, bucket)
     return m, runner, args, args.step()
@@ -82,7 +78,7 @@ def test_no_alarm_without_writes_and_checksum_sees_a_swap():
 
 def test_refuses_any_tensor_but_the_index_cache():
     dev = device.get("sim")
-    m = build.model(dev, CI)
+    m = build.model(dev, CANARY)
     Canary(m, m.index_cache)
     with pytest.raises(ValueError, match="index-K cache only"):
         Canary(m, m.kv_cache)
@@ -92,7 +88,7 @@ def test_refuses_any_tensor_but_the_index_cache():
 
 def test_clean_run_is_quiet_and_counts_add_up():
     dev = device.get("sim")
-    rows = canary.watch(dev, CI, [1, 2], {**W, "seed": 1}, overlaps=["off"], progress=None)
+    rows = canary.watch(dev, CANARY, [1, 2], {**CANARY_WORKLOAD, "seed": 1}, overlaps=["off"], progress=None)
     for r in rows:
         assert r["corrupted_sessions"] == 0 and r["live_overwrites"] == 0 and r["free_page_writes"] == 0
         assert r["pages_changed"] == r["pages_expected"] - r["expected_unchanged"] + r["scratch_writes"]
@@ -121,7 +117,7 @@ def test_a_passive_instrument_leaves_the_verdicts_alone():
     out = []
     for inst in ((), (Passive(),)):
         dev = device.get("sim")
-        m = build.model(dev, CI, overlap="on")
-        r, _ = build.bucket_run(Runner(m, [1, 2]).capture(), W, 2, inst, seed=2)
+        m = build.model(dev, CANARY, overlap="on")
+        r, _ = build.bucket_run(Runner(m, [1, 2]).capture(), CANARY_WORKLOAD, 2, inst, seed=2)
         out.append((r["corrupted_ids"], [s["bad_rows"] for s in r["step_log"]]))
     assert out[0] == out[1]

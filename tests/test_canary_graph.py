@@ -8,7 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from test_canary_pages import WIDTH, P, host_sets, pick, random_step
+from canary_steps import WIDTH, P, host_sets, pick, random_step
+from models import CANARY, CANARY_WORKLOAD, TINY
 
 from nblib.engine.runner import StaticBatch
 from nblib.instruments import canary
@@ -157,7 +158,6 @@ def test_after_without_before_and_before_without_a_step_refuse():
 
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-TINY = dict(heads=4, dim=32, topk=16, max_ctx=1024, d_model=256, ffn=1024, num_pages=64, vocab=512)
 
 
 @pytest.mark.gpu
@@ -202,16 +202,14 @@ def test_cuda_graphed_canary_matches_the_eager_one(dtype):
 def test_on_the_simulator_run_sessions_gives_both_canaries_the_same_records(overlap):
     """The whole workload (steps with live_pages, several buckets, the race's configuration too):
     the graphed canary's records, step for step, are the eager canary's."""
-    from test_canary import CI, W
-
     from nblib.backends import device
     from nblib.engine import build
     from nblib.engine.runner import Runner
 
-    m = build.model(device.get("sim"), CI, overlap=overlap)
+    m = build.model(device.get("sim"), CANARY, overlap=overlap)
     runner = Runner(m, [2, 4]).capture()
     eager, graphed = Canary(m, seed=5), G.GraphedCanary(runner, seed=5)
-    build.bucket_run(runner, W, 4, [eager, graphed])
+    build.bucket_run(runner, CANARY_WORKLOAD, 4, [eager, graphed])
     assert graphed.records == eager.records and len(eager.records) > 10
     assert sum(r["changed"] for r in graphed.records) > 0
 
@@ -221,26 +219,21 @@ def test_captured_through_the_simulator_no_host_sync_and_the_eager_records():
     blocking copy): the graphed canary's two graphs capture there, and their replays give the eager
     canary's records over the workload (no free-page writes with overlap off, so the different
     free samples cannot tell them apart)."""
-    from test_canary import CI, W
-
     from nblib.backends import device
     from nblib.engine import build
     from nblib.engine.runner import Runner
 
-    m = build.model(device.get("sim"), CI, overlap="off")
+    m = build.model(device.get("sim"), CANARY, overlap="off")
     runner = Runner(m, [2, 4]).capture()
     eager, graphed = Canary(m), G.GraphedCanary(runner, capture=True).capture()
     assert all(g.graph is not None for pair in graphed._graphs.values() for g in pair)
-    build.bucket_run(runner, W, 4, [eager, graphed])
+    build.bucket_run(runner, CANARY_WORKLOAD, 4, [eager, graphed])
     assert graphed.records == eager.records and len(eager.records) > 10
 
 
 def test_notebook_02_times_both_canaries_and_refuses_a_bad_list():
     """overhead.replay_times times the eager and the graphed canary in notebook 02, and a bad list
     fails in one line before anything is built."""
-    import pytest
-    from test_canary import CI
-
     from nblib.backends import device
     from nblib.instruments import overhead
 
@@ -259,7 +252,9 @@ def test_notebook_02_times_both_canaries_and_refuses_a_bad_list():
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(overhead, "Canary", Eager)
         mp.setattr(overhead, "GraphedCanary", Graphed)
-        rows = overhead.replay_times(device.get("sim"), CI, 2, replays=2, warmup=1)  # as notebook 02 calls it
+        rows = overhead.replay_times(
+            device.get("sim"), CANARY, 2, replays=2, warmup=1
+        )  # as notebook 02 calls it
     by = {r["instrument"]: r for r in rows}
     assert rows[0]["instrument"] == "neither" and rows[0]["calls"] == 0 and rows[0]["ratio"] is None
     assert [kind for kind, _ in made] == ["canary", "canary_graphed"]

@@ -3,6 +3,7 @@ references), every design catches a planted divergence, and the protocol's stati
 
 import pytest
 import torch
+from models import DIFFERENTIAL
 
 from nblib.backends.device import get
 from nblib.engine import build
@@ -11,14 +12,13 @@ from nblib.instruments.gediff import DESIGNS, GEDiff
 from nblib.studies import designs, protocol
 from nblib.studies.protocol import ProtocolRun
 
-SHAPES = dict(heads=4, dim=128, topk=16, max_ctx=4096, d_model=256, ffn=1024, num_pages=300, vocab=512)
 BUCKET = 4
 INPUTS = ("q", "head_w", "page_table", "seq_lens")
 
 
 def _captured(design, **knobs):
     dev = get("sim")
-    m = build.model(dev, SHAPES, **{"index_dtype": "bf16", "overlap": "on", **knobs})
+    m = build.model(dev, DIFFERENTIAL, **{"index_dtype": "bf16", "overlap": "on", **knobs})
     gd = GEDiff(m, design=design)
     m.prepare(BUCKET)  # what Runner.capture does first; prealloc makes its stash here
     before = {k: dict(v) for k, v in gd.stash.items()}
@@ -76,7 +76,7 @@ def test_refs_keeps_the_graphs_own_tensors_and_so_the_logits_block():
     assert _block(dev, s["logits"]).allocated  # kept: the allocator cannot hand it on
     assert not runner.aliases()
     # without the differential the same capture hands the freed logits block to the main stream
-    off = build.model(get("sim"), SHAPES, index_dtype="bf16", overlap="on")
+    off = build.model(get("sim"), DIFFERENTIAL, index_dtype="bf16", overlap="on")
     assert any(a["first"] == "indexer.logits" for a in Runner(off, [BUCKET]).capture().aliases())
 
 
@@ -84,9 +84,9 @@ def test_refs_keeps_the_graphs_own_tensors_and_so_the_logits_block():
 def test_every_design_catches_a_planted_divergence(design):
     knobs = dict(index_dtype="bf16", overlap="off", logits_policy="transient")  # no race: only the plant
     dev = get("sim")
-    assert designs.planted_caught(dev, SHAPES, knobs, design, BUCKET)
+    assert designs.planted_caught(dev, DIFFERENTIAL, knobs, design, BUCKET)
     # the control: the same capture without the plant compares equal
-    m = build.model(dev, SHAPES, **knobs)
+    m = build.model(dev, DIFFERENTIAL, **knobs)
     gd = GEDiff(m, design=design)
     runner = Runner(m, [BUCKET]).capture()
     runner.run(*build.full_batch(m, BUCKET, ctx=256))
@@ -94,7 +94,7 @@ def test_every_design_catches_a_planted_divergence(design):
 
 
 def test_an_unknown_design_or_arm_fails_in_one_line():
-    m = build.model(get("sim"), SHAPES)
+    m = build.model(get("sim"), DIFFERENTIAL)
     with pytest.raises(ValueError, match="unknown differential design 'clone'.*side_clone"):
         GEDiff(m, design="clone")
     with pytest.raises(ValueError, match="arms must include 'off'"):
@@ -130,7 +130,7 @@ def test_dispersion_p_is_pearsons_chi_square_over_the_runs():
 
 def test_the_protocol_runs_every_session_together_and_counts_every_step():
     dev = get("sim")
-    m = build.model(dev, SHAPES, index_dtype="bf16", overlap="on")
+    m = build.model(dev, DIFFERENTIAL, index_dtype="bf16", overlap="on")
     runner = Runner(m, [1, 2, 4]).capture()
     work = dict(sessions=6, rounds=2, ctx_min=64, ctx_max=1024, turn_ctx=256, out_min=3, out_max=5)
     p = protocol.run(runner, work, protocol.seeds(7, 2), progress=None)

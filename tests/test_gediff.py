@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from test_canary import CI, W
+from models import CANARY, CANARY_WORKLOAD
 
 from nblib.backends import device
 from nblib.engine import build
@@ -14,7 +14,7 @@ from nblib.instruments.gediff import GEDiff
 
 def _captured(bucket=2):
     dev = device.get("sim")
-    m = build.model(dev, CI, overlap="off")
+    m = build.model(dev, CANARY, overlap="off")
     gd = GEDiff(m)
     runner = Runner(m, [bucket]).capture()
     args = full_batch(m, bucket)
@@ -62,8 +62,8 @@ def test_metrics_nan_and_inf():
 
 def test_clean_workload_no_divergence():
     dev = device.get("sim")
-    m = build.model(dev, CI, overlap="off")
+    m = build.model(dev, CANARY, overlap="off")
     gd = GEDiff(m)
-    r, _ = build.bucket_run(Runner(m, [1, 2]).capture(), W, 2, [gd], seed=1)
+    r, _ = build.bucket_run(Runner(m, [1, 2]).capture(), CANARY_WORKLOAD, 2, [gd], seed=1)
     s = gd.summary()
     assert r["corrupted_sessions"] == 0 and s["comparisons"] == r["steps"] and s["diverged"] == 0

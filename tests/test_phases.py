@@ -5,6 +5,7 @@ import json
 
 import pytest
 import torch
+from models import PHASES
 
 from nblib.backends import device
 from nblib.core import phases
@@ -14,8 +15,6 @@ from nblib.engine.runner import Runner
 from nblib.engine.workload import WorkloadConfig, run_sessions
 from nblib.run import benchtable
 
-SHAPES = dict(heads=2, dim=64, topk=8, max_ctx=512, d_model=64, ffn=256, num_pages=64, vocab=64)
-SHAPES.update(trunk_layers=1, trunk_width=64, indexer_programs=1)
 WORKLOAD = dict(sessions=3, rounds=1, ctx_min=64, ctx_max=200, turn_ctx=64, out_min=4, out_max=6)
 
 
@@ -81,7 +80,7 @@ def test_speed_table_compares_with_the_previous_table_of_the_machine(tmp_path):
 
 def _run(refs, overlap, seed=0):
     dev = device.get("sim")
-    m = build.model(dev, SHAPES, overlap=overlap)
+    m = build.model(dev, PHASES, overlap=overlap)
     runner = Runner(m, [1, 2], references=refs).capture()
     w = WorkloadConfig(**WORKLOAD, concurrency=2, seed=seed)
     return run_sessions(runner, w)
@@ -102,7 +101,7 @@ def test_references_are_computed_once_per_workload_and_give_the_same_verdicts():
 def test_a_step_with_other_inputs_is_never_looked_up():
     refs = references.References()
     dev = device.get("sim")
-    m = build.model(dev, SHAPES)
+    m = build.model(dev, PHASES)
     runner = Runner(m, [2], "eager", references=refs)
     batch = build.full_batch(m, 2, ctx=100)
     w = WorkloadConfig(**WORKLOAD, concurrency=2)

@@ -7,6 +7,7 @@ import os
 import pytest
 import torch
 from miniature import N, reuse_race_step
+from models import SIM
 
 from nblib.backends.sim import MB, CachingAllocator, SimCaptureError, SimDevice, allocation_size, round_size
 
@@ -371,8 +372,6 @@ def test_timeline_overlaps_concurrent_branches():
 # the decode model end to end
 # ------------------------------------------------------------------------------------------------
 
-SIM_TINY = dict(heads=4, dim=32, topk=16, max_ctx=1024, d_model=256, ffn=512, num_pages=256, vocab=512)
-
 
 def _batches(n, bs, gen, max_pages=16, num_pages=256):
     for _ in range(n):
@@ -389,7 +388,7 @@ def _divergent_steps(**knobs):
     from nblib.engine.runner import Runner
 
     dev = SimDevice(seed=0)
-    m = DecodeModel(ModelConfig(**SIM_TINY, **knobs), dev)
+    m = DecodeModel(ModelConfig(**SIM, **knobs), dev)
     gen = torch.Generator().manual_seed(0)
     m.prefill_entries(torch.arange(64, 256 * 64), gen)
     r = Runner(m, [1, 2, 4, 8]).capture()
