@@ -12,6 +12,7 @@ import tempfile
 import torch
 import triton
 
+from nblib.core import tables
 from nblib.core.paths import ROOT
 from nblib.core.results import commit
 
@@ -149,9 +150,7 @@ def markdown(rows, cols):
     def fmt(v):
         return f"{v:.3g}" if isinstance(v, float) else str(v)
 
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join(fmt(r.get(c, "")) for c in cols) + " |" for r in rows]
-    return "\n".join(lines)
+    return tables.from_dicts(rows, cols, fmt=fmt, empty=None)
 
 
 def write_atomic(path, text):

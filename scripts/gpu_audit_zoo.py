@@ -32,6 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
+from nblib.core import tables  # noqa: E402
 from nblib.core.results import environment, write_json  # noqa: E402
 
 CHILD_TIMEOUT = 150  # seconds per child process
@@ -221,11 +222,7 @@ def parity(backend):
 
 
 def md_table(header, rows):
-    return [
-        "| " + " | ".join(header) + " |",
-        "|" + " --- |" * len(header),
-        *("| " + " | ".join(str(v) for v in row) + " |" for row in rows),
-    ]
+    return tables.markdown(header, rows).split("\n")
 
 
 def markdown(res):

@@ -22,6 +22,7 @@ from kernels.harness import FLUSHES, copy_row, flushing, median_us
 from kernels.logits import indexer_logits_fp8_
 from kernels.logits_bench import bench_inputs, logit_bytes
 from kernels.logits_configs import config_for
+from nblib.core import tables
 
 if not torch.cuda.is_available():
     sys.exit("gpu_fp8_probe.py: needs a CUDA GPU")
@@ -41,8 +42,7 @@ once = "--once" in sys.argv
 copy = None if once else copy_row()
 if copy:
     print(f"copy: {copy['gbps']:.0f} GB/s")
-print("| variant | heads | pages | us | frac_copy_bw |")
-print("|---|---|---|---|---|")
+print(tables.head(("variant", "heads", "pages", "us", "frac_copy_bw")))  # rows printed as they are timed
 for heads in (64, 16):
     x = bench_inputs(BS, CTX, heads, DIM, "cuda")
     shuffled = x["page_table"]
@@ -62,11 +62,11 @@ for heads in (64, 16):
                 continue
             us = median_us(fn)
             frac = logit_bytes(BS, CTX, heads, DIM, True) / us * 1e-3 / copy["gbps"]
-            print(f"| {name} {tuple(cfg)[:4]} | {heads} | {pages} | {us:.1f} | {frac:.3f} |")
+            print(tables.line((f"{name} {tuple(cfg)[:4]}", heads, pages, f"{us:.1f}", f"{frac:.3f}")))
 
 if not once:  # the loop's rate and the fixed part: each 32 more requests, against a copy's
-    print("\n| batch | flush | us | us per 32 more requests | copy of the same bytes, us |")
-    print("|---|---|---|---|---|")
+    print()
+    print(tables.head(("batch", "flush", "us", "us per 32 more requests", "copy of the same bytes, us")))
     last = {}
     for bs in (32, 64, 128):
         x = bench_inputs(bs, CTX, 64, DIM, "cuda")
@@ -78,5 +78,5 @@ if not once:  # the loop's rate and the fixed part: each 32 more requests, again
                 copy_us = copy_row(nbytes // 2)["us"]  # the yardstick, reading half and writing half
             more = "" if flush not in last else f"{(us - last[flush][1]) / ((bs - last[flush][0]) / 32):.1f}"
             last[flush] = (bs, us)
-            print(f"| {bs} | {flush} | {us:.1f} | {more} | {copy_us:.1f} |")
+            print(tables.line((bs, flush, f"{us:.1f}", more, f"{copy_us:.1f}")))
         del x

@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from nblib.core import files, results
+from nblib.core import files, results, tables
 
 
 def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path, monkeypatch):
@@ -46,3 +46,16 @@ def test_commit_is_this_projects_or_unknown(tmp_path, monkeypatch):
     assert results.commit() == "unknown"
     monkeypatch.setenv("NBLIB_COMMIT", "abc123")  # the commit NBLIB_COMMIT names wins
     assert results.commit() == "abc123"
+
+
+def test_markdown_tables_one_writer():
+    """Header, rule, a row per record; a '|' in a value escaped (so it stays one cell); a missing key
+    blank; no rows: the placeholder, or only the header when asked for one."""
+    rows = [dict(a=1.23456, b="x|y"), dict(a=2)]
+    assert tables.from_dicts(rows) == "| a | b |\n|---|---|\n| 1.23456 | x\\|y |\n| 2 |  |"
+    fmt = lambda v: f"{v:.3g}" if isinstance(v, float) else str(v)
+    assert tables.from_dicts(rows, ["b", "a"], fmt=fmt).splitlines()[2] == "| x\\|y | 1.23 |"
+    assert tables.from_dicts([]) == "_(none)_"
+    assert tables.from_dicts([], ["a", "b"], empty=None) == "| a | b |\n|---|---|"
+    assert tables.markdown(("n", "v"), [(1, None)]) == tables.head(["n", "v"]) + "\n" + tables.line([1, None])
+    assert tables.line([1, None]) == "| 1 | None |"

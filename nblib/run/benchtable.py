@@ -16,7 +16,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from nblib.core import results
+from nblib.core import results, tables
 from nblib.core.files import write_json, write_text
 from nblib.core.paths import ROOT
 
@@ -130,14 +130,13 @@ def markdown(table: SpeedTable):
             else " (no previous table)"
         ),
         "",
-        "| " + " | ".join(head) + " |",
-        "|" + "---|" * len(head),
     ]
+    rows = []
     for r in table.notebooks:
         cells = [r.notebook, r.status, f"{r.seconds:.1f}", f"{r.ratio:.2f}x" if r.ratio else "-"]
         cells += [f"{r.cpu_seconds:.1f}"] + [f"{r.phases[p]:.1f}" if p in r.phases else "-" for p in SHOWN]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+        rows.append(cells)
+    return "\n".join([*lines, tables.markdown(head, rows)]) + "\n"
 
 
 def text(records):
