@@ -166,11 +166,11 @@ def _build(run, index, records, dest):
     names.append("environment.html")
 
     results = report.load(run)
-    first = next((r for r in results.values() if r), {})
+    first = next((r for r in results.values() if r), None)
     ok = sum(r["status"] == "ok" for r in records)
     summary = (
-        f"{ok} of {len(records)} notebooks finished on {first.get('device', 'an unknown device')} "
-        f"(backend {first.get('backend', '-')}, commit {str(first.get('commit', '-'))[:12]})."
+        f"{ok} of {len(records)} notebooks finished on {first.device if first else 'an unknown device'} "
+        f"(backend {first.backend if first else '-'}, commit {first.commit[:12] if first else '-'})."
     )
     write_text(
         dest / "index.html",
