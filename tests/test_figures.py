@@ -312,8 +312,8 @@ def test_a_point_without_eager_mode_reports_its_rate_not_a_fingerprint():
     profile = {**P.load(ROOT / "params" / "ci.yaml"), "modes": ["graph"]}
     missing = sweep_table.cannot_show("00_reproduce", profile)
     assert missing == ["the eager clean check"]
-    res = {"verdict": "fingerprint NOT reproduced: corrupted sessions nowhere."}
-    text = sweep_table._verdict("00_reproduce", res, {"bf16 graph overlap on": (3, 16)}, missing)
+    verdict = "fingerprint NOT reproduced: corrupted sessions nowhere."
+    text = sweep_table._verdict("00_reproduce", verdict, {"bf16 graph overlap on": (3, 16)}, missing)
     assert "fingerprint" not in text and "3/16" in text and "eager clean check" in text
     assert sweep_table.cannot_show("00_reproduce", P.load(ROOT / "params" / "ci.yaml")) == []
 

@@ -59,10 +59,14 @@ def environment(dev):
 class Results:
     """One notebook's results.json: opened by nblib.setup in the setup cell, finish() in the last.
     params: the parameters applied after defaults; fixed: what the notebook runs whatever the
-    profile says (e.g. bf16 only), so the file records what ran, not what was listed."""
+    profile says (e.g. bf16 only), so the file records what ran, not what was listed. check: called
+    with the whole file before finish() writes status ok, raising when it is not what the notebook
+    should write (nblib.setup passes the results schema in: core cannot import it), so a notebook
+    that writes an unknown key or leaves one out fails its own run, its file left "running"."""
 
-    def __init__(self, notebook, output_dir, dev, params, fixed=None):
+    def __init__(self, notebook, output_dir, dev, params, fixed=None, check=None):
         self.path = Path(output_dir) / f"{notebook}.results.json"
+        self.check = check
         self.data = dict(notebook=notebook, status="running", **environment(dev), params=params)
         if fixed:
             self.data["fixed"] = fixed
@@ -81,6 +85,9 @@ class Results:
         wall = clock.wall()
         self.data["wall_seconds"] = round(wall, 3)
         self.data["phases"] = [p.model_dump() for p in clock.times(wall)]
-        self.data["status"] = "ok"  # last, on purpose
+        done = dict(self.data, status="ok")  # last, on purpose
+        if self.check:
+            self.check(done)
+        self.data = done
         write_json(self.path, self.data)
         return self.path

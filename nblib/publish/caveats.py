@@ -58,10 +58,11 @@ def divergence_note(arms, recommended=None):
 
 def backend_notes(results):
     """Where this run's backend changes what its numbers mean: [(notebook, sentence)], each from
-    the run's own results (nblib.publish.report.load's mapping); nothing for a clean GPU run."""
-    first = next((r for r in results.values() if r), {})
+    the run's own results (nblib.publish.report.load's mapping of nblib.schema.results models);
+    nothing for a clean GPU run."""
+    first = next((r for r in results.values() if r), None)
     notes = []
-    if first.get("backend") == "sim":
+    if first and first.backend == "sim":
         notes.append(
             (
                 "all",
@@ -79,14 +80,13 @@ def backend_notes(results):
 
 def _n00(r):
     """Which buckets corrupt, which alias, and where an alias stayed clean (the window's doing)."""
-    fp = r.get("fingerprint") or {}
-    alias = sorted({a["bucket"] for a in r.get("aliases", []) if a["overlap"] == "on" and a["bucket"] > 1})
+    alias = sorted({a["bucket"] for a in r.aliases or [] if a["overlap"] == "on" and a["bucket"] > 1})
     reached = {
         m["bucket"]
-        for m in r.get("matrix", [])
+        for m in r.matrix or []
         if (m["index_dtype"], m["mode"], m["overlap"]) == ("bf16", "graph", "on") and m["sessions"]
     }
-    bad = fp.get("buckets_corrupting") or []
+    bad = (r.fingerprint.buckets_corrupting if r.fingerprint else None) or []
     quiet = [b for b in alias if b not in bad and b in reached]
     if not bad and not alias:
         return []
@@ -98,8 +98,8 @@ def _n00(r):
 
 
 def _n02(r):
-    notes = [divergence_note([r["off"], *r["designs"]], r.get("recommended"))]
-    cost = r.get("overhead") or []
+    notes = [divergence_note([a.model_dump() for a in (r.off, *r.designs)], r.recommended)]
+    cost = r.overhead or []
     if cost and not gpu_time(cost[0]["method"]):
         notes.append(
             "The overhead ratios are the simulator's host time: they price Python, not kernels or launches."
@@ -108,13 +108,13 @@ def _n02(r):
 
 
 def _n03(r):
-    if r.get("csan") is None and r.get("backend") != "cuda":
+    if r.csan is None and r.backend != "cuda":
         return ["PyTorch's CUDA sanitizer instruments CUDA only: not run on this backend."]
     return []
 
 
 def _n04(r):
-    unjudged = [c["check"] for c in r.get("checks", []) if c["holds"] is None]
+    unjudged = [c.check for c in r.checks or [] if c.holds is None]
     if not unjudged:
         return []
     return [

@@ -24,6 +24,7 @@ from pydantic import BaseModel
 from nblib.core.files import write_text
 from nblib.core.paths import NOTEBOOKS, ROOT
 from nblib.publish import results_figures as rf
+from nblib.schema import results as R
 
 DOC = ROOT / "docs" / "results.md"
 TEMPLATE = "results.md.j2"
@@ -96,15 +97,21 @@ def provenance(path, meta):
 
 
 def notebook_run(path):
-    r = _read(path)
-    ok = r.get("status") == "ok"
+    """One committed results.json, through its model (a file that does not fit it fails the doc,
+    named); the figures' extractors read the file's tables as written."""
+    raw = _read(path)
+    try:
+        r = R.validate(raw)
+    except ValueError as e:
+        raise ValueError(f"{path}: does not fit its model in nblib.schema.results: {e}") from e
+    ok = r.status == "ok"
     return NotebookRun(
-        source=provenance(path, r),
-        notebook=r.get("notebook", Path(path).name.split(".")[0]),
-        status=str(r.get("status")),
-        seconds=r.get("seconds"),
-        verdict=str(r.get("verdict") or "") if ok else "",
-        figures=rf.for_notebook(r) if ok else [],
+        source=provenance(path, raw),
+        notebook=r.notebook,
+        status=r.status,
+        seconds=r.seconds,
+        verdict=(r.verdict or "") if ok else "",
+        figures=rf.for_notebook(raw) if ok else [],
     )
 
 

@@ -23,6 +23,7 @@ from nbconvert.filters import markdown2html
 
 from nblib.core.files import write_text
 from nblib.publish import pages, report, runindex, show
+from nblib.schema import results as R
 
 SITE = "site"
 
@@ -43,10 +44,16 @@ def _index(run):
 
 
 def _results(run, name):
+    """The notebook's results.json through its model; None when it is absent or not JSON."""
     try:
-        return json.loads((run / f"{name}.results.json").read_text())
-    except (OSError, ValueError):
-        return {}
+        return R.load(run / f"{name}.results.json")
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def _written(res, key):
+    """What the notebook wrote under key, "-" where it wrote nothing (no file, or died first)."""
+    return getattr(res, key) if res is not None and key in res.model_fields_set else "-"
 
 
 # a heading as nbconvert writes it: its id, then its text up to the anchor link it appends
@@ -85,14 +92,15 @@ def _environment(run, records):
             dict(
                 notebook=r["notebook"],
                 status=r["status"],
-                **{k: res.get(k, "-") for k in ("device", "backend", "torch", "triton", "python")},
-                commit=str(res.get("commit", "-"))[:12],
-                seconds=res.get("seconds", "-"),
+                **{k: _written(res, k) for k in ("device", "backend", "torch", "triton", "python")},
+                commit=str(_written(res, "commit"))[:12],
+                seconds=_written(res, "seconds"),
             )
         )
-        text = yaml.safe_dump(res.get("params", {}), sort_keys=False, default_flow_style=None, width=100)
+        params = res.params if res else {}
+        text = yaml.safe_dump(params, sort_keys=False, default_flow_style=None, width=100)
         groups.setdefault(text, []).append(r["notebook"])  # notebooks that shared their parameters
-    commits = sorted({str(_results(run, r["notebook"]).get("commit", "-")) for r in records})
+    commits = sorted({str(_written(_results(run, r["notebook"]), "commit")) for r in records})
     return show.html_table(rows), [(", ".join(names), text) for text, names in groups.items()], commits
 
 
@@ -166,11 +174,11 @@ def _build(run, index, records, dest):
     names.append("environment.html")
 
     results = report.load(run)
-    first = next((r for r in results.values() if r), {})
+    first = next((r for r in results.values() if r), None)
     ok = sum(r["status"] == "ok" for r in records)
     summary = (
-        f"{ok} of {len(records)} notebooks finished on {first.get('device', 'an unknown device')} "
-        f"(backend {first.get('backend', '-')}, commit {str(first.get('commit', '-'))[:12]})."
+        f"{ok} of {len(records)} notebooks finished on {first.device if first else 'an unknown device'} "
+        f"(backend {first.backend if first else '-'}, commit {first.commit[:12] if first else '-'})."
     )
     write_text(
         dest / "index.html",

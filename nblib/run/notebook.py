@@ -13,7 +13,7 @@ from kernels import launch
 from nblib.backends import device
 from nblib.core import phases
 from nblib.core.results import Results
-from nblib.schema import params
+from nblib.schema import params, results
 
 
 class Setup(NamedTuple):
@@ -39,7 +39,7 @@ def setup(notebook, namespace, fixed=None):
     if "seed" in applied:
         dev.manual_seed(applied["seed"])  # the simulator's replay timing; CUDA's RNG
     dropped = _drop_unsupported_dtypes(dev, applied, namespace)
-    res = Results(notebook, applied["output_dir"], dev, applied, fixed)
+    res = Results(notebook, applied["output_dir"], dev, applied, fixed, check=results.validate)
     if dropped:
         res["dropped"] = dropped
     print({k: res[k] for k in ("backend", "device", "torch", "triton", "commit")})

@@ -27,6 +27,7 @@ from nblib.core import stats
 from nblib.core.files import write_bytes
 from nblib.publish.plots import DPI
 from nblib.schema import params as P
+from nblib.schema import results as R
 
 
 def _pool(rows, key, where):
@@ -39,20 +40,21 @@ def _pool(rows, key, where):
     return out
 
 
-def headline(notebook, res):
-    """{arm: (corrupted sessions, sessions)} for one notebook's results (empty when it has none)."""
+def headline(res):
+    """{arm: (corrupted sessions, sessions)} for one notebook's finished results (a model of
+    nblib.schema.results; empty when it has none)."""
     racy = lambda r: r["bucket"] > 1 and r.get("overlap", "on") == "on" and r.get("mode", "graph") == "graph"
-    if notebook.startswith("00"):
-        return _pool(res.get("matrix", []), lambda r: f"{r['index_dtype']} graph overlap on", racy)
-    if notebook.startswith("01"):
-        return _pool(res.get("canary", []), lambda r: f"overlap {r['overlap']}", lambda r: r["bucket"] > 1)
-    if notebook.startswith("02"):
-        pooled = res.get("pooled", [])
-        return {f"differential {p['arm']}": (p["corrupted_sessions"], p["sessions"]) for p in pooled}
-    if notebook.startswith("03"):
-        return _pool(res.get("toggles", []), lambda r: f"{r['logits_policy']} {r['index_dtype']}", racy)
-    if notebook.startswith("04"):
-        return {p["variant"]: (p["corrupted_sessions"], p["sessions"]) for p in res.get("pooled", [])}
+    if isinstance(res, R.Reproduce00):
+        return _pool(res.matrix, lambda r: f"{r['index_dtype']} graph overlap on", racy)
+    if isinstance(res, R.Canary01):
+        return _pool(res.canary, lambda r: f"overlap {r['overlap']}", lambda r: r["bucket"] > 1)
+    if isinstance(res, R.GraphVsEager02):
+        arms = [res.off, *res.designs]
+        return {f"differential {a.design}": (a.corrupted_sessions, a.sessions) for a in arms}
+    if isinstance(res, R.Overlap03):
+        return _pool(res.toggles, lambda r: f"{r['logits_policy']} {r['index_dtype']}", racy)
+    if isinstance(res, R.Fix04):
+        return {p["variant"]: (p["corrupted_sessions"], p["sessions"]) for p in res.pooled}
     return {}
 
 
@@ -99,15 +101,15 @@ def cannot_show(notebook, params):
     return list(dict.fromkeys(out))
 
 
-def _verdict(notebook, res, arms, missing):
+def _verdict(notebook, verdict, arms, missing):
     """The notebook's verdict where the point can test it; otherwise the rate it measured and what
     it could not test (a fingerprint without its clean checks is not a fingerprint)."""
     if not missing:
-        return res.get("verdict")
+        return verdict
     if notebook.startswith("00"):
         rates = "; ".join(f"{arm} {stats.fmt_rate(k, n)}" for arm, (k, n) in arms.items()) or "no rate"
         return f"rate only: {rates}. Not tested by this point: {', '.join(missing)}."
-    return f"{res.get('verdict')} Not tested by this point: {', '.join(missing)}."
+    return f"{verdict} Not tested by this point: {', '.join(missing)}."
 
 
 def collect(out, grid, points, outcomes):
@@ -121,20 +123,20 @@ def collect(out, grid, points, outcomes):
         )
         for n in grid.notebooks:
             try:
-                res = json.loads((Path(out) / "points" / p.id / f"{n}.results.json").read_text())
-            except (OSError, ValueError):
-                res = {}
-            ok = res.get("status") == "ok"
-            arms = headline(n, res) if ok else {}
+                res = R.load(Path(out) / "points" / p.id / f"{n}.results.json")
+            except (OSError, json.JSONDecodeError):
+                res = None
+            ok = res is not None and res.status == "ok"
+            arms = headline(res) if ok else {}
             missing = cannot_show(n, p.params)
             meta = dict(
                 notebook=n,
                 status="ok" if ok else "failed",
                 error=None if ok else o.error,
-                seconds=res.get("seconds"),
-                device=res.get("device"),
-                commit=res.get("commit"),
-                verdict=_verdict(n, res, arms, missing) if ok else None,
+                seconds=res.seconds if res else None,
+                device=res.device if res else None,
+                commit=res.commit if res else None,
+                verdict=_verdict(n, res.verdict, arms, missing) if ok else None,
                 cannot_show="; ".join(missing),
             )
             for arm, (k, total) in arms.items():

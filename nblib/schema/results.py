@@ -1,0 +1,309 @@
+"""results: one pydantic model per notebook's results.json (00 to 06) and one for a run's index.json.
+
+A notebook writes its file key by key (nblib.core.results.Results); when its last cell marks status
+ok, nblib.setup's hook validates the whole file through the notebook's model, so a key the model
+does not know, or one it needs and the notebook did not write, fails that notebook's own run.
+
+While status is "running" only the header (where, on which code, with which parameters) is
+required: a notebook that died mid-way leaves a partial file, and it must still load. Once status is
+"ok", every body key is required except those named in OLDER: keys that files written before
+the key existed lack (they load with None).
+
+Nested records are typed where their shape is stable; a free-form table (rows a study builds and a
+notebook shows as is, whose columns follow the study's row builder) stays `list[Row]`.
+"""
+
+import json
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, model_validator
+
+from nblib.core.phases import PhaseTime
+from nblib.studies import designs as D
+from nblib.studies import engines as E
+from nblib.studies import protocol as P
+
+__all__ = [
+    "MODELS",
+    "Canary01",
+    "Engines06",
+    "Fix04",
+    "GraphVsEager02",
+    "IndexFile",
+    "IndexRecord",
+    "Overlap03",
+    "Report05",
+    "Reproduce00",
+    "ResultsFile",
+    "load",
+    "validate",
+]
+
+FORBID = ConfigDict(extra="forbid")
+
+# A table row: the columns are whatever the study's row builder emits and the notebook shows
+# (show.table / markdown_table); they change with the study, and readers take them as dicts.
+Row = dict[str, Any]
+
+
+class ResultsFile(BaseModel):
+    """The header every results.json carries (Results.__init__ and Results.finish), and the rule that
+    body keys are required once status is ok."""
+
+    model_config = FORBID
+    # wall_seconds/phases: the phase clock came after the first GPU runs
+    OLDER: ClassVar[frozenset[str]] = frozenset({"wall_seconds", "phases"})
+
+    notebook: str
+    status: Literal["running", "ok"]
+    backend: str
+    device: str
+    torch: str
+    triton: str | None  # None where Triton is not installed (the simulator runs without it)
+    commit: str
+    python: str
+    # the profile keys this notebook declares, defaults applied: already checked key by key against
+    # nblib.schema.params at setup, and their set differs per notebook
+    params: dict[str, Any]
+    # what the notebook runs whatever the profile says; its keys differ per notebook
+    fixed: dict[str, Any] | None = None
+    dropped: dict[str, Any] | None = None  # index dtypes this GPU cannot run (CUDA only, when any)
+    seconds: float | None = None
+    wall_seconds: float | None = None
+    phases: list[PhaseTime] | None = None
+    verdict: str | None = None
+
+    @model_validator(mode="after")
+    def _complete_when_ok(self):
+        if self.status != "ok":
+            return self
+        # the header's own optional keys: fixed and dropped are written only where they apply
+        needed = set(type(self).model_fields) - {"fixed", "dropped"} - self.OLDER
+        missing = sorted(needed - self.model_fields_set)
+        if missing:
+            raise ValueError(f"status ok but {', '.join(missing)} missing")
+        return self
+
+
+class Fingerprint(BaseModel):
+    """Notebook 00: the corrupting configuration pooled over buckets > 1 (reproduce.corrupting),
+    with the clean checks (reproduce.fingerprint)."""
+
+    model_config = FORBID
+    checks: list[Row]
+    corrupted_sessions: int
+    sessions: int
+    session_rate: float
+    corrupted_steps: int
+    steps: int
+    step_rate: float
+    buckets: list[int]
+    buckets_corrupting: list[int]
+
+
+class Reproduce00(ResultsFile):
+    # protocol_checks/protocol: the campaign's protocol came after the first long runs
+    OLDER: ClassVar[frozenset[str]] = ResultsFile.OLDER | {"protocol_checks", "protocol"}
+
+    notebook: Literal["00_reproduce"]
+    protocol_checks: list[Row] | None = None
+    protocol: P.Protocol | None = None  # None: the corrupting configuration was not run
+    matrix: list[Row] | None = None
+    aliases: list[Row] | None = None
+    fingerprint: Fingerprint | None = None
+    window: list[Row] | None = None
+    window_steps: list[Row] | None = None
+
+
+class CanaryTotals(BaseModel):
+    model_config = FORBID
+    pages_changed: int
+    pages_expected: int
+    pages_outside_live: int
+    live_overwrites: int
+
+
+class Canary01(ResultsFile):
+    notebook: Literal["01_canary"]
+    canary: list[Row] | None = None
+    corrupting_buckets: list[int] | None = None
+    canary_at_corrupting: CanaryTotals | None = None
+
+
+class SessionsNeeded(BaseModel):
+    model_config = FORBID
+    baseline: float
+    fisher: int
+    normal: int
+
+
+class MechanismRow(D.Mechanism):
+    model_config = FORBID
+    design: str
+
+
+class GraphVsEager02(ResultsFile):
+    notebook: Literal["02_graph_vs_eager"]
+    off: D.Arm | None = None
+    designs: list[D.Arm] | None = None
+    mechanism: list[MechanismRow] | None = None
+    timing_method: str | None = None
+    explanation: D.Explanation | None = None
+    recommended: str | None = None
+    signature: list[str] | None = None
+    sessions_needed: list[SessionsNeeded] | None = None
+    zero_failure_1pct: int | None = None
+    overhead: list[Row] | None = None
+
+
+class OverlapHazard(BaseModel):
+    """Notebook 03: one hazard the capture audit named, with the configuration it came from."""
+
+    model_config = FORBID
+    logits_policy: str
+    index_dtype: str
+    overlap: str
+    bucket: int
+    kind: str
+    first_op: str
+    first_stream: str
+    first_tensor: str
+    first_site: str
+    second_op: str
+    second_stream: str
+    second_tensor: str
+    second_site: str
+    addr: str
+    nbytes: int
+    reused: bool
+    first_alloc: str
+    first_free: str
+    second_alloc: str
+    second_free: str
+    pairs: int
+
+
+class Overlap03(ResultsFile):
+    # csan_verdict: written on CUDA only (CSAN needs it); csan is None on the simulator
+    OLDER: ClassVar[frozenset[str]] = ResultsFile.OLDER | {"csan_verdict"}
+
+    notebook: Literal["03_stream_overlap"]
+    transient_rows_from: str | None = None
+    toggles: list[Row] | None = None
+    hazards: list[OverlapHazard] | None = None
+    graph_check: list[Row] | None = None
+    zoo: list[Row] | None = None
+    graph_verdict: str | None = None
+    audit_one_capture_seconds: float | None = None
+    audit_analysis_ms: float | None = None
+    csan: list[Row] | None = None
+    csan_verdict: str | None = None
+    checks: list[Row] | None = None
+
+
+class FixPlan(BaseModel):
+    model_config = FORBID
+    needed: int
+    target: float
+    racy_buckets: list[int]
+    pooled_buckets: list[int]
+    sessions: dict[int, int]  # clean sessions per bucket a fix runs
+
+
+class FixAudit(BaseModel):
+    model_config = FORBID
+    variant: str
+    ok: bool
+    hazards: int
+    summary: str
+    buckets: list[int]
+
+
+class FixCheck(BaseModel):
+    model_config = FORBID
+    check: str
+    measured: str
+    holds: bool | None  # None: a speed check on the simulator's host time, not judged
+
+
+class Fix04(ResultsFile):
+    notebook: Literal["04_persistent_buffer_fix"]
+    plan: FixPlan | None = None
+    rows: list[Row] | None = None
+    pooled: list[Row] | None = None
+    audit: list[FixAudit] | None = None
+    times: list[Row] | None = None
+    speed: list[Row] | None = None
+    overlap_branches: list[Row] | None = None
+    overlap_story: str | None = None
+    checks: list[FixCheck] | None = None
+
+
+class Report05(ResultsFile):
+    notebook: Literal["05_report"]
+    notebooks: dict[str, bool] | None = None  # which measuring notebooks the writeup read
+    commits: list[str] | None = None
+
+
+class CliRecord(BaseModel):
+    model_config = FORBID
+    command: str
+    exit_code: int
+    seconds: float
+    hazards: int | None  # None: the command printed no report
+    stderr: str
+
+
+class Engines06(ResultsFile):
+    notebook: Literal["06_audit_your_engine"]
+    findings: list[E.Finding] | None = None
+    hazards: list[E.HazardRow] | None = None
+    cli: CliRecord | None = None
+    captured_ops: list[str] | None = None
+    no_cache: list[E.Finding] | None = None
+    transcription: list[E.Finding] | None = None
+    transcription_hazards: list[E.HazardRow] | None = None
+
+
+MODELS: dict[str, type[ResultsFile]] = {
+    m.model_fields["notebook"].annotation.__args__[0]: m
+    for m in (Reproduce00, Canary01, GraphVsEager02, Overlap03, Fix04, Report05, Engines06)
+}
+
+
+def validate(data):
+    """The model of data's notebook, validated; raises pydantic.ValidationError (or ValueError for
+    a notebook no model covers)."""
+    name = data.get("notebook")
+    if name not in MODELS:
+        raise ValueError(f"results.json of unknown notebook {name!r}: choose one of {', '.join(MODELS)}")
+    return MODELS[name].model_validate(data)
+
+
+def load(path):
+    """One results.json file through its notebook's model."""
+    return validate(json.loads(Path(path).read_text()))
+
+
+class IndexRecord(BaseModel):
+    """One notebook's line in index.json (nblib.run.suite)."""
+
+    model_config = FORBID
+    notebook: str
+    status: Literal["ok", "failed"]
+    html: str
+    error: str | None
+    seconds: float
+    verdict: str | None
+    backend: str | None
+    device: str | None
+    commit: str | None
+    wall_seconds: float | None = None  # older indexes lack it
+    phases: list[PhaseTime] = []  # older indexes lack it
+
+
+class IndexFile(BaseModel):
+    model_config = FORBID
+    params: str  # the profile, as shown (runindex.shown_path)
+    notebooks: list[IndexRecord]
