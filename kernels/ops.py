@@ -1,6 +1,14 @@
 """Torch custom ops over the kernels, the form the model calls: on CUDA the Triton kernel, on the
 CPU the torch reference, under fake tensors nothing. As ops they carry names (csi::...) that the
-trace, the audit and CSAN report, and they capture into CUDA graphs like any aten op."""
+trace, the audit and CSAN report, and they capture into CUDA graphs like any aten op.
+
+OP_ROLES says, for each of these ops, what its arguments are (read, written, the paged cache, the
+per-request lengths): tools that model an op without running it (the CPU simulator's replay
+timing) read the roles here instead of knowing the ops by name.
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -12,7 +20,7 @@ from kernels.logits import (
     ref_logits_bf16,
     ref_logits_fp8,
 )
-from kernels.paged import live_len, pad_logits
+from kernels.paged import PAGE, live_len, pad_logits
 from kernels.topk import ref_topk_indices, topk_indices_triton
 
 
@@ -107,3 +115,56 @@ def topk_indices_op(logits, k, lengths=None):
     """kernels.topk's contract as a torch op (csi::topk_indices): the Triton kernel on CUDA, the
     exact reference on the CPU; ties at the k-th value go to the lowest index on both."""
     return torch.ops.csi.topk_indices(logits, k, lengths)
+
+
+# ---------------------------------------------------------------------------
+# The ops' argument roles, for tools that model them without running them
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class OpRoles:
+    """What one custom op's arguments are, by position in its schema. writes agrees with the op's
+    mutates_args (the schema stays the authority on what an op writes). A paged op also names its
+    cache, the per-request lengths that decide how much of the cache it streams, its
+    programs-per-request argument, and the bytes one cached entry streams."""
+
+    name: str  # as torch names the op: "csi::indexer_logits_bf16"
+    reads: tuple[int, ...]  # tensor arguments read
+    writes: tuple[int, ...] = ()  # tensor arguments written in place
+    cache: int | None = None  # the paged cache (None: not a paged op)
+    lengths: int | None = None  # per-request lengths (int32 [bs])
+    programs: int | None = None  # programs per request (an int; 0 or absent: fill the GPU)
+    entry_bytes: Callable[[torch.Tensor], int] | None = None  # from the cache tensor
+
+    def overload(self):
+        """The op's default overload (torch.ops.csi.<op>.default), registered above."""
+        namespace, op = self.name.split("::")
+        return getattr(getattr(torch.ops, namespace), op).default
+
+
+def _bf16_entry_bytes(kcache):
+    """[num_pages, PAGE, D] bfloat16: D values of 2 bytes."""
+    return kcache.shape[-1] * kcache.element_size()
+
+
+def _fp8_entry_bytes(pages):
+    """[num_pages, PAGE*D + PAGE*4] uint8: D e4m3 bytes and a float32 scale per entry."""
+    return pages.shape[-1] // PAGE
+
+
+# (q, w, cache, page_table, seq_lens, out, per_request): the same positions in both layouts
+_LOGITS_BF16 = OpRoles(
+    "csi::indexer_logits_bf16",
+    reads=(0, 1, 2, 3, 4),
+    writes=(5,),
+    cache=2,
+    lengths=4,
+    programs=6,
+    entry_bytes=_bf16_entry_bytes,
+)
+OP_ROLES = (
+    _LOGITS_BF16,
+    replace(_LOGITS_BF16, name="csi::indexer_logits_fp8", entry_bytes=_fp8_entry_bytes),
+    OpRoles("csi::topk_indices", reads=(0, 2), lengths=2),  # (logits, k, lengths): returns a new tensor
+)

@@ -31,11 +31,6 @@ def fp8_page_bytes(dim=DIM):
     return PAGE * dim + PAGE * 4
 
 
-def fp8_page_rows(dim=DIM):
-    """Rows of one fp8 page seen as a [rows, dim] byte matrix: PAGE value rows + the scale rows."""
-    return fp8_page_bytes(dim) // dim
-
-
 def _fp8_dim(pages):
     """Head dim of an fp8 page buffer, from its row width (PAGE*D + PAGE*4)."""
     if pages.dim() != 2 or pages.shape[1] % PAGE != 0 or pages.shape[1] // PAGE <= 4:

@@ -329,6 +329,38 @@ def test_custom_op_opcheck():
     )
 
 
+def test_every_custom_op_has_roles_that_agree_with_its_schema():
+    """kernels.ops.OP_ROLES, which the simulator reads: one record per custom op the module
+    defines, its writes the schema's mutated arguments, its roles on arguments of the right names."""
+    import re
+    from pathlib import Path
+
+    from kernels import ops
+
+    # the ops the module defines, from its decorators (no public API lists a namespace's ops)
+    defined = set(re.findall(r'@torch\.library\.custom_op\("([^"]+)"', Path(ops.__file__).read_text()))
+    assert (
+        {r.name for r in ops.OP_ROLES}
+        == defined
+        == {
+            "csi::indexer_logits_bf16",
+            "csi::indexer_logits_fp8",
+            "csi::topk_indices",
+        }
+    )
+    for r in ops.OP_ROLES:
+        args = r.overload()._schema.arguments
+        written = tuple(i for i, a in enumerate(args) if a.alias_info is not None and a.alias_info.is_write)
+        assert r.writes == written, r.name
+        assert not set(r.reads) & set(r.writes) and max(r.reads + r.writes) < len(args)
+        if r.cache is not None:
+            assert args[r.cache].name in ("kcache", "pages") and args[r.lengths].name == "seq_lens"
+            assert args[r.programs].name == "per_request" and r.cache in r.reads
+    bf16, fp8 = ops.OP_ROLES[:2]
+    assert bf16.entry_bytes(torch.empty(3, 64, 128, dtype=torch.bfloat16)) == 256
+    assert fp8.entry_bytes(ix.quantize_fp8_pages(torch.randn(3, 64, 128))) == 132
+
+
 def test_import_and_cpu_op_without_interpreter():
     code = (
         "import torch, kernels.indexer as ix\n"

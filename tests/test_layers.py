@@ -94,3 +94,35 @@ def test_architecture_names_every_module():
     doc = (ROOT / "docs" / "architecture.md").read_text()
     missing = [m for m, _ in modules() if f"`{m}`" not in doc]
     assert missing == [], f"docs/architecture.md does not name: {missing}"
+
+
+def cuda_callers():
+    """The nblib modules whose code (not comments or docstrings) names torch.cuda."""
+    found = set()
+    for mod, path in modules():
+        if not mod.startswith("nblib"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            named = isinstance(node, ast.Attribute) and node.attr == "cuda"
+            named = named and isinstance(node.value, ast.Name) and node.value.id == "torch"
+            imported = isinstance(node, (ast.Import, ast.ImportFrom)) and any(
+                m.startswith("torch.cuda")
+                for m in (
+                    [node.module or ""] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names]
+                )
+            )
+            if named or imported:
+                found.add(mod)
+    return found
+
+
+def test_torch_cuda_is_called_where_the_device_facade_says():
+    """nblib.backends.device's docstring names the modules that call torch.cuda; no other does."""
+    from nblib.backends import device
+
+    assert cuda_callers() == {
+        "nblib.backends.device",
+        "nblib.instruments.trace.cuda",
+        "nblib.instruments.csan",
+    }
+    assert all(m in device.__doc__ for m in cuda_callers() - {"nblib.backends.device"})

@@ -506,3 +506,34 @@ def test_the_indexers_simulated_time_follows_the_longest_request():
     long_ = g.expected_seconds()
     tm = dev.timing
     assert long_ - short == pytest.approx((1024 - 64) * dim * 2 / tm.program_bandwidth, rel=1e-9)
+
+
+def test_the_simulator_times_paged_ops_by_their_registered_roles(monkeypatch):
+    """The fp8 op's entry is D bytes + a 4-byte scale (kernels.ops.OP_ROLES says so, not its name);
+    an op without roles is timed by the bytes it moves, like any other."""
+    from kernels import indexer as kx
+    from nblib.backends.sim import capture
+
+    dev = SimDevice()
+    heads, dim, pages = 2, 128, 40
+    kpages = kx.quantize_fp8_pages(torch.randn(pages, kx.PAGE, dim))
+    q = torch.randn(2, heads, dim).to(torch.float8_e4m3fn)
+    w = torch.rand(2, heads)
+    table = torch.arange(pages, dtype=torch.int32).view(2, -1)
+    lens = torch.tensor([64, 64], dtype=torch.int32)
+    out = torch.empty(2, pages // 2 * kx.PAGE)
+    g = dev.CUDAGraph()
+    with dev.graph(g):
+        kx.indexer_logits_fp8(q, w, kpages, table, lens, out, 1)
+    (node,) = [n for n in g.nodes if n.op.startswith("csi.")]
+    short = g.expected_seconds()
+    lens.copy_(torch.tensor([64, 1024], dtype=torch.int32))
+    assert g.expected_seconds() - short == pytest.approx(
+        (1024 - 64) * (dim + 4) / dev.timing.program_bandwidth, rel=1e-9
+    )
+    assert node.cost is not None
+    monkeypatch.setattr(capture, "_ROLES", {})
+    g2 = dev.CUDAGraph()
+    with dev.graph(g2):
+        kx.indexer_logits_fp8(q, w, kpages, table, lens, out, 1)
+    assert all(n.cost is None for n in g2.nodes)

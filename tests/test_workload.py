@@ -1,4 +1,5 @@
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -9,8 +10,18 @@ from nblib.backends import device
 from nblib.core import stats
 from nblib.core.results import Results
 from nblib.engine.model import ModelConfig
-from nblib.engine.runner import Runner, bucket_for
-from nblib.engine.workload import WorkloadConfig, in_bucket, run_sessions
+from nblib.engine.runner import SCRATCH_SLOT, Runner, bucket_for
+from nblib.engine.workload import (
+    Replayed,
+    Scheduler,
+    WorkloadConfig,
+    bad_rows,
+    build_batch,
+    in_bucket,
+    replay_step,
+    run_sessions,
+    verdicts,
+)
 from nblib.studies.reproduce import check_matrix_args, fingerprint, verdict
 
 W = dict(
@@ -202,3 +213,119 @@ def test_in_bucket_counts_only_the_steps_replayed_in_that_bucket():
     assert in_bucket(r, 2) == dict(
         sessions=2, corrupted_sessions=1, steps=1, corrupted_steps=1, tail_steps=2, tail_corrupted_steps=0
     )
+
+
+def _stub_model(max_ctx=4096, num_pages=200):
+    """What the scheduler and the batcher use of a model: its sizes and prefill (recorded)."""
+    m = SimpleNamespace(prefilled=[], dev=SimpleNamespace(torch_device=torch.device("cpu")))
+    m.cfg = SimpleNamespace(max_ctx=max_ctx, num_pages=num_pages, vocab=1000)
+    m.prefill_entries = lambda slots, gen: m.prefilled.append(slots.tolist())
+    return m
+
+
+def test_scheduler_admits_up_to_concurrency_and_brings_sessions_back_after_thinking():
+    w = WorkloadConfig(**{**W, "sessions": 3, "concurrency": 2, "think_min": 2, "think_max": 2})
+    m = _stub_model()
+    sched = Scheduler(m, 64, w, torch.Generator())
+    batch = sched.next_batch()
+    assert [s.sid for s in batch] == [0, 1] and [s.sid for s in sched.waiting] == [2]
+    assert [len(p) for p in m.prefilled] == [s.first_ctx for s in batch]  # each first prompt prefilled
+    assert all(sched.tables[s.sid, : len(s.pages)].tolist() == s.pages for s in batch)
+    assert sched.live_pages() == {p for s in batch for p in s.pages}
+    first = batch[0]
+    for _ in range(first.outs[0]):  # decode session 0's whole first round (session 1 alongside)
+        sched.retire([first])
+    assert first not in sched.active and first in sched.thinking and first.round == 1
+    assert [s.sid for s in sched.next_batch()] == [1, 2]  # its slot goes to the waiting session
+    assert first in sched.thinking  # one of its two think steps left
+    sched.next_batch()
+    assert first in sched.waiting and len(m.prefilled) == 3  # back, waiting for a slot
+
+
+def test_scheduler_gives_the_pages_back_after_the_last_round():
+    w = WorkloadConfig(**{**W, "sessions": 1, "rounds": 1})
+    sched = Scheduler(_stub_model(), 64, w, torch.Generator())
+    free = len(sched.pool.free)
+    (s,) = sched.next_batch()
+    assert len(sched.pool.free) == free - len(s.pages) and s.pages
+    for _ in range(s.outs[0]):
+        sched.retire([s])
+    assert not sched.busy() and s.pages == [] and len(sched.pool.free) == free
+    assert not sched.tables.any()
+
+
+def test_build_batch_stores_every_fourth_token_and_takes_a_page_when_full():
+    w = WorkloadConfig(**{**W, "sessions": 2, "ctx_min": 64, "ctx_max": 64})
+    m = _stub_model()
+    sched = Scheduler(m, 64, w, torch.Generator())
+    batch = sched.next_batch()
+    assert [len(s.pages) for s in batch] == [1, 1]  # 64 entries: one full page each
+    for pos in range(1, 5):
+        b = build_batch(m, sched.pool, sched.tables, batch)
+        tokens, table, lens, stores = b.host
+        assert b.sessions == [0, 1] and tokens.tolist() == [
+            (sid * 7919 + pos * 104729) % 1000 for sid in (0, 1)
+        ]
+        if pos < 4:
+            assert stores.tolist() == [SCRATCH_SLOT] * 2 and b.lens == [64, 64]
+    # the fourth token: entry 64 starts a second page, and the page table row shows it
+    assert [len(s.pages) for s in batch] == [2, 2] and b.lens == [65, 65] and lens.tolist() == [65, 65]
+    assert stores.tolist() == [s.pages[1] * 64 for s in batch]
+    assert table.tolist() == sched.tables[:2].tolist()
+
+
+class _Recording:
+    """Test double for a runner and its instruments: records the order of the calls."""
+
+    def __init__(self):
+        self.log, self.buckets, self.references = [], [1, 2, 4], None
+
+    def run(self, *args):
+        self.log.append("replay")
+        return torch.zeros(len(args[0]), 2), torch.zeros(len(args[0]), 3, dtype=torch.int32), 4
+
+    def reference(self, *args):
+        self.log.append("reference")
+        return torch.zeros(len(args[0]), 2), torch.zeros(len(args[0]), 3, dtype=torch.int32)
+
+    def before(self, step):
+        self.log.append(("before", step["index"], step["bs"], step["bucket"], step["live_pages"]))
+
+    def after(self, step):
+        self.log.append("after")
+
+
+def test_replay_step_wraps_the_replay_in_the_instruments_and_replays_first():
+    args = (torch.tensor([1, 2, 3]), torch.zeros(3, 4), torch.ones(3), torch.zeros(3))
+    r = _Recording()
+    out = replay_step(r, WorkloadConfig(), 7, args, args, [r], live_pages=lambda: {5, 6})
+    assert r.log == [("before", 7, 3, 4, {5, 6}), "replay", "after", "reference"]
+    assert out.bucket == 4 and out.topk.shape == (3, 3)
+    r = _Recording()
+    replay_step(r, WorkloadConfig(), 7, args, args, live_pages=lambda: pytest.fail("no instruments"))
+    assert r.log == ["reference", "replay"]
+
+
+def test_bad_rows_flags_a_topk_or_an_output_past_the_tolerance():
+    ref_out = torch.tensor([[1.0, 2.0], [100.0, 0.0], [100.0, 0.0], [0.5, 0.0]])
+    ref_topk = torch.tensor([[0, 1], [0, 1], [0, 1], [0, 1]])
+    out = ref_out.clone()
+    topk = ref_topk.clone()
+    topk[0, 1] = 2  # another top-k set
+    out[1, 0] += 2.0  # past 1e-2 of 100
+    out[2, 0] += 0.5  # within 1e-2 of 100
+    out[3, 1] += 0.02  # past 1e-2 of max(0.5, 1): the scale is at least 1
+    r = Replayed(out, topk, 4, ref_out, ref_topk)
+    assert bad_rows(r, 1e-2).tolist() == [1, 1, 0, 1]
+    assert bad_rows(r._replace(out=ref_out, topk=ref_topk), 1e-2).tolist() == [0, 0, 0, 0]
+
+
+def test_verdicts_split_the_flags_per_step_and_count_sessions():
+    steps = [dict(bs=2, sessions=[0, 1]), dict(bs=3, sessions=[0, 1, 2]), dict(bs=1, sessions=[2])]
+    pending = [torch.tensor([0, 0], dtype=torch.uint8), torch.tensor([0, 1, 0], dtype=torch.uint8)]
+    pending.append(torch.tensor([1], dtype=torch.uint8))
+    r = verdicts(5, steps, pending)
+    assert [(st["rows"], st["bad_rows"]) for st in r["step_log"]] == [([0, 0], 0), ([0, 1, 0], 1), ([1], 1)]
+    assert (r["sessions"], r["corrupted_sessions"], r["steps"], r["corrupted_steps"]) == (5, 2, 3, 2)
+    assert r["corrupted_ids"] == [1, 2]
+    assert verdicts(5, [], [])["corrupted_sessions"] == 0

@@ -4,6 +4,15 @@
     dev = nblib.backends.device.get("cuda" | "sim" | "auto")
     s = dev.Stream(); with dev.stream(s): ...; dev.current_stream().wait_stream(s)
     g = dev.CUDAGraph(); with dev.graph(g, pool=dev.graph_pool_handle()): ...; g.replay()
+
+This module is where nblib calls torch.cuda: the facade, and the host's questions asked before any
+device is opened (has_cuda, gpu_count, gpu_name; cuda_graph_seconds times a function on CUDA).
+Two modules call torch.cuda themselves, by design, because they watch torch.cuda rather than use it:
+  nblib.instruments.trace.cuda  the CUDA recorder patches torch.cuda.CUDAGraph, Event and Stream
+                                and asks torch.cuda for the current stream and whether it captures,
+                                to see every call a real capture makes (the facade's included)
+  nblib.instruments.csan        PyTorch's own CUDA sanitizer (torch.cuda._sanitizer), which hooks
+                                torch.cuda process-wide, in a child process, CUDA only
 """
 
 import contextlib
@@ -16,7 +25,7 @@ BACKENDS = ("cuda", "sim")
 
 
 class CudaDevice:
-    """A thin alias of torch.cuda: the only place in nblib that touches torch.cuda."""
+    """A thin alias of torch.cuda (the module docstring says where else nblib calls torch.cuda)."""
 
     name = "cuda"
 
@@ -30,6 +39,12 @@ class CudaDevice:
         self.synchronize = torch.cuda.synchronize
         self.is_current_stream_capturing = torch.cuda.is_current_stream_capturing
         self.manual_seed = torch.cuda.manual_seed
+        self.set_stream = torch.cuda.set_stream
+
+    @property
+    def default_stream(self):
+        """The device's legacy default stream (the simulator's facade has the same attribute)."""
+        return torch.cuda.default_stream(self.torch_device)
 
     @staticmethod
     @contextlib.contextmanager
@@ -84,6 +99,16 @@ def distinct_stream(new_stream, graph_cls, current_stream, tries=64):
 
 def has_cuda():
     return torch.cuda.is_available()
+
+
+def gpu_count():
+    """GPUs this process sees (0 without CUDA): one per lane or sweep worker."""
+    return torch.cuda.device_count()
+
+
+def gpu_name():
+    """The current GPU's name, asked before (or without) opening the device facade."""
+    return torch.cuda.get_device_name()
 
 
 def get(name="auto"):

@@ -12,6 +12,7 @@ session's inputs never depend on whether an earlier step was corrupted.
 import math
 from collections import deque
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -46,7 +47,7 @@ class WorkloadConfig:
 class Session:
     def __init__(self, sid, rng, w):
         self.sid, self.round, self.c4_len, self.pos = sid, 0, 0, 0
-        self.pages, self.corrupted = [], False
+        self.pages = []
         if w.ctx_dist == "loguniform":
             u = float(torch.rand(1, generator=rng))
             self.first_ctx = int(
@@ -104,6 +105,166 @@ def _live_pages(*groups):
     return {p for g in groups for s in g for p in s.pages}
 
 
+class Scheduler:
+    """Which sessions decode each step: continuous batching over waiting, active and thinking
+    sessions, with the cache pages (pool and host page tables) they hold.
+
+    next_batch() brings back the tool calls that came back, admits waiting sessions up to
+    `concurrency` (prefilling each round's new context), and returns the batch (empty while every
+    unfinished session is thinking); retire(batch) moves the sessions whose round ended out of it."""
+
+    def __init__(self, model, max_pages, w: WorkloadConfig, gen):
+        self.model, self.w, self.gen = model, w, gen
+        self.pool = PagePool(model.cfg.num_pages)
+        self.tables = torch.zeros(w.sessions, max_pages, dtype=torch.int32)  # host page tables
+        rng = torch.Generator().manual_seed(w.seed)
+        self.waiting = deque(Session(i, rng, w) for i in range(w.sessions))
+        self.active, self.thinking = [], []
+
+    def busy(self):
+        return bool(self.waiting or self.active or self.thinking)
+
+    def next_batch(self):
+        for s in list(self.thinking):  # tool calls that came back
+            s.wait -= 1
+            if s.wait <= 0:
+                self.thinking.remove(s)
+                self.waiting.appendleft(s)
+        while self.waiting and len(self.active) < self.w.concurrency:
+            s = self.waiting.popleft()
+            s.left = s.outs[s.round]
+            n = s.first_ctx if s.round == 0 else self.w.turn_ctx
+            _grow(self.model, self.pool, self.tables, s, n, self.gen)
+            self.active.append(s)
+        return self.active[: self.w.concurrency]
+
+    def live_pages(self):
+        return _live_pages(self.waiting, self.active, self.thinking)
+
+    def retire(self, batch):
+        """One token decoded for each session of `batch`: a session whose round ended thinks (a
+        tool call) or, after its last round, gives its pages back."""
+        for s in batch:
+            s.left -= 1
+            if s.left == 0:
+                self.active.remove(s)
+                s.round += 1
+                if s.round == self.w.rounds:
+                    self.pool.give(s.pages)
+                    self.tables[s.sid].zero_()
+                    s.pages = []
+                else:
+                    s.wait = s.thinks[s.round]
+                    self.thinking.append(s)
+
+
+class Batch(NamedTuple):
+    """One step's inputs, built on the host: the references' digest reads these host copies (no sync)."""
+
+    sessions: list  # session ids, one per row
+    lens: list  # compressed entries per row (at least 1): the indexer's work
+    host: tuple  # (tokens, page_table, seq_lens, store_slots), CPU tensors
+
+
+def build_batch(model, pool, tables, batch):
+    """Advance each session of `batch` one token and build the step's inputs. Every 4th token the
+    4:1 compressor stores one entry (taking a page when the last one is full); other tokens store
+    to the scratch slot. Token ids are teacher-forced: a function of the session and position."""
+    tokens, lens, stores = [], [], []
+    for s in batch:
+        s.pos += 1
+        store = SCRATCH_SLOT
+        if s.pos % 4 == 0 and s.c4_len < model.cfg.max_ctx:  # the 4:1 compressor emits one entry
+            _take_pages(pool, tables, s, s.c4_len // PAGE + 1 - len(s.pages))
+            store = s.slot(s.c4_len)
+            s.c4_len += 1
+        tokens.append((s.sid * 7919 + s.pos * 104729) % model.cfg.vocab)
+        lens.append(max(1, s.c4_len))
+        stores.append(store)
+    sids = [s.sid for s in batch]
+    host = (
+        torch.tensor(tokens),
+        tables[torch.tensor(sids)],
+        torch.tensor(lens, dtype=torch.int32),
+        torch.tensor(stores),
+    )
+    return Batch(sids, lens, host)
+
+
+class Replayed(NamedTuple):
+    """One step's replay and its eager reference."""
+
+    out: torch.Tensor
+    topk: torch.Tensor
+    bucket: int
+    ref_out: torch.Tensor
+    ref_topk: torch.Tensor
+
+
+def replay_step(runner, w, index, args, host, instruments=(), live_pages=set):
+    """Replay one step (runner.run) and compute its eager reference. With instruments, each one's
+    before(step) and after(step) wrap the replay, and the replay comes first (so an instrument sees
+    the replay's own cache writes); without, the reference comes first. live_pages: a callable,
+    called only when there are instruments (the step dict's live_pages)."""
+    if not instruments:
+        ref_out, ref_topk = _reference(runner, w, index, args, host)
+        with phases.phase("replays"):
+            out, topk, bucket = runner.run(*args)
+        return Replayed(out, topk, bucket, ref_out, ref_topk)
+    step = dict(
+        index=index,
+        bs=len(args[0]),
+        bucket=bucket_for(len(args[0]), runner.buckets),
+        tokens=args[0],
+        page_table=args[1],
+        seq_lens=args[2],
+        store_slots=args[3],
+        live_pages=live_pages(),
+    )
+    with phases.phase("instruments"):
+        for ins in instruments:
+            ins.before(step)
+    with phases.phase("replays"):
+        out, topk, bucket = runner.run(*args)
+    with phases.phase("instruments"):
+        for ins in instruments:
+            ins.after(step)
+    ref_out, ref_topk = _reference(runner, w, index, args, host)
+    return Replayed(out, topk, bucket, ref_out, ref_topk)
+
+
+def bad_rows(r: Replayed, out_tol):
+    """Per row, 1 where the replay diverged from its reference: the top-k set differs, or the
+    output differs by more than out_tol times the reference's max |x| (at least 1). A device
+    tensor: read once, at the end of the run."""
+    bad = (r.topk != r.ref_topk).any(1)
+    scale = r.ref_out.float().abs().amax(1).clamp(min=1.0)
+    bad |= (r.out.float() - r.ref_out.float()).abs().amax(1) > out_tol * scale
+    return bad.to(torch.uint8)
+
+
+def verdicts(sessions, steps, pending):
+    """The run's verdicts from each step's row flags (pending: one host or device uint8 tensor
+    per step, in order): fills each step's rows and bad_rows; a session is corrupted when any of
+    its rows was."""
+    flags = torch.cat([p.cpu() for p in pending]).tolist() if pending else []
+    corrupted = set()
+    i = 0
+    for st in steps:
+        rows = flags[i : i + st["bs"]]
+        i += st["bs"]
+        st["bad_rows"], st["rows"] = int(sum(rows)), rows
+        corrupted.update(sid for sid, f in zip(st["sessions"], rows) if f)
+    return dict(
+        sessions=sessions,
+        corrupted_sessions=len(corrupted),
+        steps=len(steps),
+        corrupted_steps=sum(1 for st in steps if st["bad_rows"]),
+        corrupted_ids=sorted(corrupted),
+        step_log=steps,
+    )
+
+
 def run_sessions(runner, w: WorkloadConfig, instruments=()):
     """Run the workload through `runner`; returns per-step and per-session verdicts.
 
@@ -117,115 +278,26 @@ def run_sessions(runner, w: WorkloadConfig, instruments=()):
     if w.concurrency > max(runner.buckets):
         raise ValueError(f"concurrency {w.concurrency} exceeds the largest bucket {max(runner.buckets)}")
     d = dev.torch_device
-    rng = torch.Generator().manual_seed(w.seed)
     gen = torch.Generator(device=d).manual_seed(w.seed + 1)
-    pool = PagePool(model.cfg.num_pages)
-    tables = torch.zeros(w.sessions, runner.max_pages, dtype=torch.int32)  # host page tables
-    waiting = deque(Session(i, rng, w) for i in range(w.sessions))
-    active, thinking, finished = [], [], []
+    sched = Scheduler(model, runner.max_pages, w, gen)
     pending, steps = [], []  # GPU verdicts are read once, at the end
-    while waiting or active or thinking:
-        for s in list(thinking):  # tool calls that came back
-            s.wait -= 1
-            if s.wait <= 0:
-                thinking.remove(s)
-                waiting.appendleft(s)
-        while waiting and len(active) < w.concurrency:
-            s = waiting.popleft()
-            s.left = s.outs[s.round]
-            _grow(model, pool, tables, s, s.first_ctx if s.round == 0 else w.turn_ctx, gen)
-            active.append(s)
-        if not active:
+    while sched.busy():
+        batch = sched.next_batch()
+        if not batch:
             continue
-        batch = active[: w.concurrency]
-        tokens, lens, stores = [], [], []
-        for s in batch:
-            s.pos += 1
-            store = SCRATCH_SLOT
-            if s.pos % 4 == 0 and s.c4_len < model.cfg.max_ctx:  # the 4:1 compressor emits one entry
-                _take_pages(pool, tables, s, s.c4_len // PAGE + 1 - len(s.pages))
-                store = s.slot(s.c4_len)
-                s.c4_len += 1
-            tokens.append((s.sid * 7919 + s.pos * 104729) % model.cfg.vocab)
-            lens.append(max(1, s.c4_len))
-            stores.append(store)
-        sids = torch.tensor([s.sid for s in batch])
-        # built on the host, then moved: the references' digest reads the host copies (no sync)
-        host = (
-            torch.tensor(tokens),
-            tables[sids],
-            torch.tensor(lens, dtype=torch.int32),
-            torch.tensor(stores),
-        )
-        args = tuple(x.to(d) for x in host)
-        if instruments:
-            step = dict(
-                index=len(steps),
-                bs=len(batch),
-                bucket=bucket_for(len(batch), runner.buckets),
-                tokens=args[0],
-                page_table=args[1],
-                seq_lens=args[2],
-                store_slots=args[3],
-                live_pages=_live_pages(waiting, active, thinking),
-            )
-            with phases.phase("instruments"):
-                for ins in instruments:
-                    ins.before(step)
-            with phases.phase("replays"):
-                out, topk, bucket = runner.run(*args)
-            with phases.phase("instruments"):
-                for ins in instruments:
-                    ins.after(step)
-            ref_out, ref_topk = _reference(runner, w, len(steps), args, host)
-        else:
-            ref_out, ref_topk = _reference(runner, w, len(steps), args, host)
-            with phases.phase("replays"):
-                out, topk, bucket = runner.run(*args)
-        bad = (topk != ref_topk).any(1)
-        scale = ref_out.float().abs().amax(1).clamp(min=1.0)
-        bad |= (out.float() - ref_out.float()).abs().amax(1) > w.out_tol * scale
-        pending.append(bad.to(torch.uint8))
+        b = build_batch(model, sched.pool, sched.tables, batch)
+        args = tuple(x.to(d) for x in b.host)
+        r = replay_step(runner, w, len(steps), args, b.host, instruments, sched.live_pages)
+        pending.append(bad_rows(r, w.out_tol))
         # the step's contexts: the indexer's work, so the side branch's length (the race's window)
         steps.append(
             dict(
-                bs=len(batch),
-                bucket=bucket,
-                sessions=[s.sid for s in batch],
-                ctx_sum=sum(lens),
-                ctx_max=max(lens),
+                bs=len(batch), bucket=r.bucket, sessions=b.sessions, ctx_sum=sum(b.lens), ctx_max=max(b.lens)
             )
         )
-        for s in batch:
-            s.left -= 1
-            if s.left == 0:
-                active.remove(s)
-                s.round += 1
-                if s.round == w.rounds:
-                    pool.give(s.pages)
-                    tables[s.sid].zero_()
-                    s.pages = []
-                    finished.append(s)
-                else:
-                    s.wait = s.thinks[s.round]
-                    thinking.append(s)
+        sched.retire(batch)
     dev.synchronize()
-    flags = torch.cat([p.cpu() for p in pending]).tolist() if pending else []
-    corrupted = set()
-    i = 0
-    for st in steps:
-        rows = flags[i : i + st["bs"]]
-        i += st["bs"]
-        st["bad_rows"], st["rows"] = int(sum(rows)), rows
-        corrupted.update(sid for sid, f in zip(st["sessions"], rows) if f)
-    return dict(
-        sessions=w.sessions,
-        corrupted_sessions=len(corrupted),
-        steps=len(steps),
-        corrupted_steps=sum(1 for st in steps if st["bad_rows"]),
-        corrupted_ids=sorted(corrupted),
-        step_log=steps,
-    )
+    return verdicts(w.sessions, steps, pending)
 
 
 def _reference(runner, w, index, args, host):

@@ -26,7 +26,6 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import numpy as np
-import torch
 
 from nblib.backends.sim.rules import CUDA_TEXTS, RULES, SimCaptureError
 from nblib.instruments import trace as T
@@ -461,8 +460,5 @@ def _failure(fn, e, warned=()):
 
 def restore_stream(dev, prev):
     """Make `prev` the current stream again (torch.cuda.graph skips this when capture_end raises)."""
-    if dev.name == "cuda":
-        if torch.cuda.current_stream() != prev:
-            torch.cuda.set_stream(prev)
-    else:
-        dev._cur = prev
+    if dev.current_stream() != prev:
+        dev.set_stream(prev)

@@ -174,7 +174,7 @@ def work_on_the_default_stream(dev):
 
     def body():
         x.mul_(2)
-        with dev.stream(torch.cuda.default_stream() if dev.name == "cuda" else dev.default_stream):
+        with dev.stream(dev.default_stream):
             x.add_(1)
 
     _capture(dev, body)

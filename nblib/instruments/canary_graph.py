@@ -190,7 +190,7 @@ class GraphedCanary(C.Canary):
         self._host_live[C.as_index(live_pages, "cpu")] = True
         self._live.copy_(self._host_live, non_blocking=self.cuda)
         if self.cuda:
-            self._live_sent = torch.cuda.Event()
+            self._live_sent = self.runner.dev.Event()
             self._live_sent.record()
         if not self._given:
             self._use_table.fill_(False)
@@ -216,7 +216,7 @@ class GraphedCanary(C.Canary):
         done = None
         if self.cuda:
             packed = self._host_packed.copy_(packed, non_blocking=True)
-            done = torch.cuda.Event()
+            done = self.runner.dev.Event()
             done.record()
         self._pending = _InFlight(step, changed, classes, packed, done)
 

@@ -56,9 +56,9 @@ class SpeedTable(BaseModel):
 def machine_label(backend):
     """A label that names the hardware, not the host: the GPU's name on CUDA, else the CPU count."""
     if backend == "cuda":
-        import torch
+        from nblib.backends import device  # lazily: it imports torch
 
-        name = torch.cuda.get_device_name()
+        name = device.gpu_name()
     else:
         name = f"cpu{os.cpu_count()}"
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")

@@ -177,9 +177,9 @@ def _lane_gpus(dev, n):
     simulator, whose time is simulated, so lanes only share the CPU."""
     if getattr(dev, "name", "") != "cuda":
         return [None] * n
-    import torch
+    from nblib.backends import device  # lazily: it imports torch
 
-    have = torch.cuda.device_count()
+    have = device.gpu_count()
     if have < n:
         raise ValueError(f"--lanes {n} needs {n} GPUs, this machine has {have}: pass --lanes {have or 1}")
     return [str(i) for i in range(n)]

@@ -190,10 +190,10 @@ def slots(backend, workers=None):
     """The environment of each local worker: one per GPU (CUDA_VISIBLE_DEVICES) on CUDA, else
     `workers` CPU processes sharing the cores (OMP_NUM_THREADS), so N workers never oversubscribe."""
     if backend == "cuda":
-        import torch
+        from nblib.backends import device  # lazily: it imports torch
 
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-        gpus = visible.split(",") if visible else [str(i) for i in range(torch.cuda.device_count())]
+        gpus = visible.split(",") if visible else [str(i) for i in range(device.gpu_count())]
         n = workers or len(gpus)
         if n > len(gpus):
             raise ValueError(f"{n} workers but {len(gpus)} GPU(s) here: one worker per GPU at most")

@@ -223,10 +223,10 @@ def corrupting(rows, min_bucket=2):
     )
 
 
-def window_table(steps, bins=6):
-    """Per bucket that corrupted: steps binned by the batch's longest context, the share corrupted
-    in each bin; and per bucket the shortest longest-context that corrupted and the longest that
-    did not (the window's edge, if the contexts decide it)."""
+def window_table(steps):
+    """Per bucket, over its bf16 steps: how many corrupted, the shortest longest-context that
+    corrupted and the longest that did not (the window's edge, if the contexts decide it), and the
+    clean steps at or above that shortest corrupted one (none when the contexts decide it)."""
     out = []
     for b in sorted({s["bucket"] for s in steps}):
         sel = [s for s in steps if s["bucket"] == b and s["index_dtype"] == "bf16"]

@@ -15,6 +15,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 # private API, no public one in torch (optree is the outside library); tests/test_private_api.py
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from kernels.ops import OP_ROLES
 from nblib.backends.sim.allocator import stream_name
 from nblib.backends.sim.arena import extent, layout
 from nblib.backends.sim.fastops import shortcut
@@ -24,6 +25,8 @@ from nblib.backends.sim.rules import SimCaptureError, violation
 _PACKAGE = os.path.dirname(os.path.abspath(__file__))
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
 _SKIP_FILES = ("contextlib.py", "weakref.py")
+# the custom ops' argument roles, by overload (importing kernels.ops registers the ops)
+_ROLES = {r.overload(): r for r in OP_ROLES}
 
 
 def python_stack(limit=10):
@@ -152,7 +155,7 @@ class Capture:
         n.stack = python_stack() if dev.record_stacks else None
         n.alloc_seq = len(dev.allocator.log)
         n.run, n.read, n.write = _make_closures(func, leaves, spec, mut_idx, out_shadows, info.n_returns)
-        n.cost = _indexer_cost(n.op, leaves)
+        n.cost = _paged_cost(func, leaves, spec)
         self.frontier[stream] = (n.index,)
         self.nodes.append(n)
         if info.n_returns == 0:
@@ -160,18 +163,21 @@ class Capture:
         return result[0] if info.n_returns == 1 else tuple(result)
 
 
-def _indexer_cost(op, leaves):
-    """The paged indexer's duration depends on this replay's sequence lengths, not on its
-    arguments' sizes (the cache is far larger than what one step reads): a closure the replay
-    calls with the Timing. None for every other op."""
-    if not op.startswith("csi.indexer_logits_"):
+def _paged_cost(func, leaves, spec):
+    """A paged op's duration depends on this replay's sequence lengths, not on its arguments'
+    sizes (the cache is far larger than what one step reads): a closure the replay calls with the
+    Timing. Which arguments are the cache, the lengths and the output comes from the op's roles
+    (kernels.ops.OP_ROLES). None for every other op."""
+    roles = _ROLES.get(func)
+    if roles is None or roles.cache is None:
         return None
-    q, cache, seq_lens, out = leaves[0], leaves[2], leaves[4], leaves[5]
-    per_request = leaves[6] if len(leaves) > 6 and isinstance(leaves[6], int) else 0
-    if op.startswith("csi.indexer_logits_fp8"):
-        entry_bytes = cache.shape[-1] // 64  # an fp8 page row: 64 entries of D bytes + 4 scale bytes
-    else:
-        entry_bytes = q.shape[-1] * cache.element_size()
+    args, kwargs = tree_unflatten(leaves, spec)  # shadows: the lengths are read at each replay
+    names = [a.name for a in func._schema.arguments]
+    cache, seq_lens, out, per_request = (
+        arg(args, kwargs, i, names[i]) for i in (roles.cache, roles.lengths, roles.writes[0], roles.programs)
+    )
+    per_request = per_request if isinstance(per_request, int) else 0
+    entry_bytes = roles.entry_bytes(cache)
     out_bytes = out.numel() * out.element_size()
     return lambda timing: timing.indexer_seconds(seq_lens.tolist(), entry_bytes, per_request, out_bytes)
 

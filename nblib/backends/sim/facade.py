@@ -55,6 +55,10 @@ class SimDevice:
     def current_stream(self):
         return self._cur
 
+    def set_stream(self, s):
+        """torch.cuda.set_stream: make `s` the current stream (outside a `with dev.stream(...)`)."""
+        self._cur = s
+
     def synchronize(self):
         """Replay completes before returning, so there is nothing to wait for; while capturing,
         CUDA refuses a device-wide synchronize."""
