@@ -63,7 +63,7 @@ test-newest: .venv-newest/.stamp
 	$(NEWEST_PY) -m pytest -q $(addprefix tests/,$(NEWEST_TESTS))
 
 # the suite, then its speed table (each notebook's wall and phase times) beside the previous one of
-# this machine: outputs/bench-suite/<machine>-<commit>/speed.md
+# this machine: outputs/bench-suite/<machine>-<profile>-<commit>/speed.md
 bench-suite: .venv/.stamp
 	$(PY) -m nblib run --bench $(if $(PARAMS),--params $(PARAMS)) $(if $(LANES),--lanes $(LANES))
 

@@ -78,6 +78,18 @@ def test_speed_table_compares_with_the_previous_table_of_the_machine(tmp_path):
     assert "2.50x" in md and "| 00_reproduce | ok | 25.0 |" in md
 
 
+def test_speed_table_compares_only_with_a_table_of_the_same_profile(tmp_path):
+    """A sim-profile run is not a regression of a ci-profile run on the same machine."""
+    ci, ci_folder = benchtable.write(_records(10.0), "sim", "params/ci.yaml", tmp_path)
+    sim, sim_folder = benchtable.write(_records(40.0), "sim", "params/sim.yaml", tmp_path)
+    assert ci_folder != sim_folder and "-ci-" in ci_folder.name and "-sim-" in sim_folder.name
+    assert sim.previous is None and sim.total_ratio is None
+    (tmp_path / f"{ci.machine}-ci-earlier").mkdir()
+    (tmp_path / f"{ci.machine}-ci-earlier" / "speed.json").write_text(ci.model_dump_json())
+    again, _ = benchtable.write(_records(20.0), "sim", "params/ci.yaml", tmp_path)
+    assert again.previous == f"{ci.machine}-ci-earlier" and again.total_ratio == 2.0
+
+
 def _run(refs, overlap, seed=0):
     dev = device.get("sim")
     m = build.model(dev, PHASES, overlap=overlap)

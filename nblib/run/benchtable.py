@@ -2,7 +2,7 @@
 previous table of the same machine, so a regression shows as a ratio.
 
     python -m nblib run --bench          # make bench-suite: the suite, then the table
-    -> outputs/bench-suite/<machine>-<commit>/speed.md and speed.json (atomic writes)
+    -> outputs/bench-suite/<machine>-<profile>-<commit>/speed.md and speed.json (atomic writes)
 
 The phases come from each notebook's results.json (nblib.core.phases: setup, capture, replays,
 eager references, instruments, audit, timing, figures, other) and the suite's own nbconvert time;
@@ -81,12 +81,15 @@ def speeds(records):
     return out
 
 
-def previous_table(machine, here, root=BENCH_DIR):
-    """The newest speed.json of `machine` under root, other than the folder `here`."""
+def previous_table(machine, here, root=BENCH_DIR, profile=None):
+    """The newest speed.json of `machine` under root, other than the folder `here`, and of the same
+    profile when one is given (a ci run beside a sim run is no regression, only a smaller job)."""
     found = [
         p
         for p in Path(root).glob(f"{machine}-*/speed.json")
-        if p.parent.resolve() != Path(here).resolve() and p.parent.name.startswith(f"{machine}-")
+        if p.parent.resolve() != Path(here).resolve()
+        and p.parent.name.startswith(f"{machine}-")
+        and (profile is None or SpeedTable.model_validate_json(p.read_text()).profile == profile)
     ]
     if not found:
         return None
@@ -97,7 +100,7 @@ def previous_table(machine, here, root=BENCH_DIR):
 def build(records, backend, profile, root=BENCH_DIR):
     """The table of this run, with ratios to the previous table of the same machine."""
     machine, commit = machine_label(backend), results.commit()
-    folder = Path(root) / f"{machine}-{commit[:12].replace('+', '-')}"
+    folder = Path(root) / f"{machine}-{Path(profile).stem}-{commit[:12].replace('+', '-')}"
     rows = speeds(records)
     table = SpeedTable(
         machine=machine,
@@ -106,7 +109,7 @@ def build(records, backend, profile, root=BENCH_DIR):
         total_seconds=round(sum(r.seconds for r in rows), 1),
         notebooks=rows,
     )
-    prev = previous_table(machine, folder, root)
+    prev = previous_table(machine, folder, root, profile)
     if prev is not None:
         old, where = prev
         before = {r.notebook: r.seconds for r in old.notebooks}
@@ -151,7 +154,7 @@ def text(records):
 
 
 def write(records, backend, profile, root=BENCH_DIR):
-    """Write speed.json and speed.md (atomically) into outputs/bench-suite/<machine>-<commit>/."""
+    """Write speed.json and speed.md (atomically) into outputs/bench-suite/<machine>-<profile>-<commit>/."""
     table, folder = build(records, backend, profile, root)
     write_json(folder / "speed.json", table.model_dump())
     write_text(folder / "speed.md", markdown(table))

@@ -27,7 +27,7 @@ def main(argv=None):
     r.add_argument(
         "--bench",
         action="store_true",
-        help="then write the speed table to outputs/bench-suite/<machine>-<commit>/",
+        help="then write the speed table to outputs/bench-suite/<machine>-<profile>-<commit>/",
     )
     sub.add_parser("cells", help="rewrite each notebook's parameters cell from the profile schema")
     s = sub.add_parser("sweep", help="a notebook or the suite over a parameter grid, resumably")
