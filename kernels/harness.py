@@ -12,7 +12,7 @@ import tempfile
 import torch
 import triton
 
-from nblib.core import tables
+from nblib.core import collector, tables
 from nblib.core.paths import ROOT
 from nblib.core.results import commit
 
@@ -77,7 +77,7 @@ def _paired_ms(fn, calls, replays, flush):
     graphs = []
     for with_fn in (True, False):
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        with collector.paused(), torch.cuda.graph(graph):  # as every capture: nblib.core.collector
             for _ in range(calls):
                 cache.zero_()
                 if flush == "clean":  # read it back: its dirty lines leave the L2 now, not in fn

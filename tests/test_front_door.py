@@ -171,7 +171,16 @@ def test_tracked_text_speaks_of_the_software_not_of_how_it_was_made():
 def test_the_phrase_check_flags_what_it_should_and_spares_the_rest():
     flagged = made_hits(
         {
-            "a": "wheels carried to the GPU\nthe Device Call took 3 s\nsee issue #12\nsince wave 3",
+            # assembled from pieces, so this file's own text never holds the phrases it looks for
+            "a": "\n".join(
+                " ".join(words)
+                for words in (
+                    ("wheels", "carr" + "ied", "to the GPU"),
+                    ("the", "Device", "Call", "took 3 s"),
+                    ("see", "issue", "#12"),
+                    ("since", "wave", "3"),
+                )
+            ),
             "b": "the simulator's events carry no timing\nnone is carried over\nthe carry bit",
         }
     )
