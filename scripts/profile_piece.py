@@ -1,6 +1,6 @@
-"""cProfile of the simulator on one piece of a study, the top of the profile written as text.
+"""cProfile of one piece of a study, on the simulator or on CUDA, the top of the profile written as text.
 
-    python scripts/profile_sim.py --params params/sim.yaml --piece protocol --out outputs/profile/after
+    python scripts/profile_piece.py --params params/sim.yaml --piece protocol --out outputs/profile/after
 
 Pieces (parts of notebook 00's matrix and its replays, each small enough to profile in minutes):
   protocol   the protocol's first seed on bf16 + graph + overlap on, then on bf16 + graph + overlap
@@ -8,6 +8,10 @@ Pieces (parts of notebook 00's matrix and its replays, each small enough to prof
   bucket1    the matrix's bucket-1 row on bf16 + graph + overlap on, with --sessions sessions
   replays    on bf16 + graph + overlap on, each bucket's full batch (--ctx entries a request, about
              the workload's longest) replayed and its eager reference computed, --replays times
+  audit      notebook 03's audit of one configuration (bf16 + transient + overlap on): every bucket
+             captured under the recorder, the report, the graphs read back and cross-checked, then
+             the zoo of planted races
+  setup      building the model (weights and caches) --replays times
 Writes <out>/<piece>.txt: wall and CPU seconds, then the top functions by cumulative and by own
 time. Runs on any checkout of the project (it uses only the studies' public functions), so the
 same piece can be profiled on two commits and the files compared.
@@ -71,12 +75,36 @@ def piece_replays(dev, profile, args):
     return lines
 
 
-PIECES = {"protocol": piece_protocol, "bucket1": piece_bucket1, "replays": piece_replays}
+def piece_audit(dev, profile, args):
+    from nblib.studies import overlap
+
+    rep, runner, _ = overlap.audit_model(
+        dev, profile["model"], profile["buckets"], "bf16", "on", "transient", keep_graph=True
+    )
+    config = dict(logits_policy="transient", index_dtype="bf16", overlap="on")
+    rows = overlap.graph_rows(rep, runner, config)
+    zoo = overlap.zoo_rows(dev)
+    return [f"{rep.summary()}; {len(rows)} graphs read; zoo {len(zoo)} scenarios\n"]
+
+
+def piece_setup(dev, profile, args):
+    for _ in range(args.replays):
+        build.model(dev, profile["model"], index_dtype="bf16", overlap="on")
+
+
+PIECES = {
+    "protocol": piece_protocol,
+    "bucket1": piece_bucket1,
+    "replays": piece_replays,
+    "audit": piece_audit,
+    "setup": piece_setup,
+}
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--params", default="params/sim.yaml")
+    ap.add_argument("--backend", choices=("sim", "cuda"), default="sim")
     ap.add_argument("--piece", choices=sorted(PIECES), default="protocol")
     ap.add_argument("--sessions", type=int, default=10, help="bucket1: sessions of the workload")
     ap.add_argument("--replays", type=int, default=50, help="replays: replays and references per bucket")
@@ -85,7 +113,7 @@ def main():
     ap.add_argument("--out", required=True, help="folder for <piece>.txt")
     args = ap.parse_args()
     profile = yaml.safe_load(Path(args.params).read_text())
-    dev = device.get("sim")
+    dev = device.get(args.backend)
     prof = cProfile.Profile()
     t0, c0 = time.perf_counter(), time.process_time()
     prof.enable()
@@ -93,7 +121,8 @@ def main():
     prof.disable()
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     buf = io.StringIO()
-    buf.write(f"piece {args.piece}, profile {args.params}: {wall:.1f} s wall, {cpu:.1f} s CPU\n")
+    head = f"piece {args.piece}, profile {args.params}, backend {dev.name}"
+    buf.write(f"{head}: {wall:.1f} s wall, {cpu:.1f} s CPU\n")
     buf.writelines(lines)
     stats = pstats.Stats(prof, stream=buf).strip_dirs()
     stats.sort_stats("cumulative").print_stats(args.top)
