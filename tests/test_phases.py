@@ -48,6 +48,18 @@ def test_phase_end_synchronizes_except_while_capturing():
     assert calls == [1]
 
 
+def test_per_step_phases_never_synchronize():
+    calls = []
+    clock = phases.PhaseClock(sync=lambda: calls.append(1), capturing=lambda: False)
+    for name in phases.PER_STEP:
+        with clock.phase(name):
+            pass
+    assert calls == []
+    with clock.phase("setup"):
+        pass
+    assert calls == [1]
+
+
 def test_results_finish_records_the_phases(tmp_path):
     dev = device.get("sim")
     clock = phases.start()

@@ -329,3 +329,21 @@ def test_verdicts_split_the_flags_per_step_and_count_sessions():
     assert (r["sessions"], r["corrupted_sessions"], r["steps"], r["corrupted_steps"]) == (5, 2, 3, 2)
     assert r["corrupted_ids"] == [1, 2]
     assert verdicts(5, [], [])["corrupted_sessions"] == 0
+
+
+def test_models_of_the_same_shapes_share_one_weight_set_and_its_digest():
+    from nblib.engine import references
+    from nblib.engine.model import DecodeModel
+
+    dev = device.get("sim")
+    shapes = dict(heads=2, dim=16, topk=4, max_ctx=256, d_model=32, ffn=64, num_pages=16, vocab=32)
+    a = DecodeModel(ModelConfig(**shapes, overlap="on"), dev)
+    b = DecodeModel(ModelConfig(**shapes, overlap="off", logits_policy="persistent", index_dtype="fp8"), dev)
+    c = DecodeModel(ModelConfig(**shapes, seed=1), dev)
+    assert a.w_up is b.w_up and a.weight_set is b.weight_set
+    assert a.index_cache is not b.index_cache  # caches are each model's own
+    assert not torch.equal(a.w_up, c.w_up)
+    assert references.weights_digest(a) == references.weights_digest(b) != references.weights_digest(c)
+    again = ModelConfig(**shapes)
+    fresh = SimpleNamespace(weight_set=type(a.weight_set)(a.weight_set.tensors))
+    assert references.weights_digest(fresh) == references.weights_digest(DecodeModel(again, dev))

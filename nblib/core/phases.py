@@ -8,9 +8,13 @@
 Phases nest, and time is exclusive: while an inner phase runs the outer one is paused, so the
 phases and "other" (what no phase covered) add up to the clock's wall time. That keeps a table of
 them a partition, whichever study wraps whichever. On CUDA, kernels run after the host queues them:
-`sync` (the device facade's synchronize) is called at each phase's end, so the phase that queued
-the work is the one charged for it. While a graph captures, synchronizing is forbidden, so a phase
-that ends inside a capture is not synchronized (its work was only recorded, not run).
+`sync` (the device facade's synchronize) is called at the end of each coarse phase, so the phase
+that queued the work is the one charged for it. While a graph captures, synchronizing is forbidden,
+so a phase that ends inside a capture is not synchronized (its work was only recorded, not run).
+The per-step phases (PER_STEP: replays, eager references, instruments) never synchronize: a wait
+per step would hold the host until each replay drained, serialising the host's work with the GPU's
+and changing the timing between steps that the measurement runs under. Their device work is
+charged where the host next waits on it (the run's closing synchronize is a replays phase).
 
 Each phase records wall seconds and the process's CPU seconds: on a machine other processes load,
 the wall time of one notebook swings with them, its CPU time much less (a regression check compares
@@ -36,6 +40,8 @@ PHASES = (
     "nbconvert",  # the executed notebook rendered to HTML (the suite, after the notebook)
 )
 OTHER = "other"
+# phases entered once per decode step: timed on the host only (see the module docstring)
+PER_STEP = ("replays", "eager references", "instruments")
 
 
 class PhaseTime(BaseModel):
@@ -70,7 +76,7 @@ class PhaseClock:
         try:
             yield
         finally:
-            if self.sync is not None and not (self.capturing and self.capturing()):
+            if self.sync is not None and name not in PER_STEP and not (self.capturing and self.capturing()):
                 self.sync()  # the device's queued work belongs to this phase
             now = _now()
             self._charge(self._stack.pop(), now)

@@ -31,6 +31,7 @@ Knobs, as in the real engine:
 """
 
 import math
+from collections import OrderedDict
 from dataclasses import dataclass, replace
 
 import torch
@@ -94,31 +95,70 @@ class ModelConfig:
         return replace(self, **knobs)
 
 
+@dataclass
+class WeightSet:
+    """A model's weights (name -> tensor, w_trunk a list), and their digest once someone asks
+    (nblib.engine.references keys eager steps by it)."""
+
+    tensors: dict
+    digest: bytes | None = None
+
+
+# weights are read-only once built: every DecodeModel of the same shapes, seed and device shares one
+# set, so a study that builds a model per configuration draws them once (the draw is the CPU's
+# torch.randn: seconds at the H200 profile's sizes, the same values on every backend). The sets live
+# outside any capture's pool, like the weights each model used to own; the last few are kept.
+_WEIGHT_SETS: OrderedDict = OrderedDict()
+KEPT_WEIGHT_SETS = 4
+
+
+def weight_set(cfg, dev):
+    """The WeightSet for cfg's shapes and seed on dev's device, drawn on first use."""
+    key = (
+        replace(cfg, index_dtype="bf16", overlap="on", logits_policy="transient"),
+        dev.name,
+        str(dev.torch_device),
+    )
+    got = _WEIGHT_SETS.get(key)
+    if got is None:
+        got = _WEIGHT_SETS[key] = WeightSet(_draw_weights(cfg, dev.torch_device))
+        while len(_WEIGHT_SETS) > KEPT_WEIGHT_SETS:
+            _WEIGHT_SETS.popitem(last=False)
+    _WEIGHT_SETS.move_to_end(key)
+    return got
+
+
+def _draw_weights(cfg, d):
+    g = torch.Generator(device="cpu").manual_seed(cfg.seed)
+
+    def w(*shape, scale):
+        return (torch.randn(*shape, generator=g) * scale).to(torch.bfloat16).to(d)
+
+    D, H, M, W = cfg.dim, cfg.heads, cfg.d_model, cfg.trunk_width
+    out = dict(embed=w(cfg.vocab, M, scale=1.0))
+    out["w_idx_k"] = w(M, D, scale=M**-0.5)  # compressor: index-K entry
+    out["w_kv"] = w(M, D, scale=M**-0.5)  # compressor: KV entry for sparse attention
+    out["w_q"] = w(M, H * D, scale=M**-0.5)
+    out["w_head"] = w(M, H, scale=M**-0.5)
+    out["w_qa"] = w(M, D, scale=M**-0.5)
+    out["w_o"] = w(D, M, scale=D**-0.5)
+    out["w_up"] = w(M, cfg.ffn, scale=M**-0.5)
+    out["w_down"] = w(cfg.ffn, M, scale=cfg.ffn**-0.5)
+    out["w_tin"] = w(M, W, scale=M**-0.5)
+    out["w_trunk"] = [w(W, W, scale=W**-0.5) for _ in range(cfg.trunk_layers)]
+    out["w_tout"] = w(W, M, scale=W**-0.5)
+    return out
+
+
 class DecodeModel:
     """Weights and caches live here, allocated once, before any capture."""
 
     def __init__(self, cfg: ModelConfig, dev):
         self.cfg, self.dev = cfg, dev
-        d = dev.torch_device
-        g = torch.Generator(device="cpu").manual_seed(cfg.seed)
-
-        def w(*shape, scale):
-            return (torch.randn(*shape, generator=g) * scale).to(torch.bfloat16).to(d)
-
-        D, H, M = cfg.dim, cfg.heads, cfg.d_model
-        self.embed = w(cfg.vocab, M, scale=1.0)
-        self.w_idx_k = w(M, D, scale=M**-0.5)  # compressor: index-K entry
-        self.w_kv = w(M, D, scale=M**-0.5)  # compressor: KV entry for sparse attention
-        self.w_q = w(M, H * D, scale=M**-0.5)
-        self.w_head = w(M, H, scale=M**-0.5)
-        self.w_qa = w(M, D, scale=M**-0.5)
-        self.w_o = w(D, M, scale=D**-0.5)
-        self.w_up = w(M, cfg.ffn, scale=M**-0.5)
-        self.w_down = w(cfg.ffn, M, scale=cfg.ffn**-0.5)
-        W = cfg.trunk_width
-        self.w_tin = w(M, W, scale=M**-0.5)
-        self.w_trunk = [w(W, W, scale=W**-0.5) for _ in range(cfg.trunk_layers)]
-        self.w_tout = w(W, M, scale=W**-0.5)
+        d, D = dev.torch_device, cfg.dim
+        self.weight_set = weight_set(cfg, dev)
+        for name, t in self.weight_set.tensors.items():
+            setattr(self, name, t)
         slots = cfg.num_pages * PAGE
         if cfg.index_dtype == "bf16":
             self.index_cache = torch.zeros(cfg.num_pages, PAGE, D, dtype=torch.bfloat16, device=d)

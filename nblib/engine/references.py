@@ -26,6 +26,8 @@ from typing import NamedTuple
 
 import torch
 
+from nblib.engine.model import PAGE
+
 # knobs of ModelConfig that change only what the graph captures, never the eager step's values
 GRAPH_ONLY_KNOBS = dict(overlap="off", logits_policy="transient")
 
@@ -50,15 +52,24 @@ def digest(args):
     return h.digest()
 
 
+def live_inputs(args):
+    """The step's inputs with the page table cut to the pages its longest request holds: the step
+    reads no column past a request's length (the indexer stops at seq_len, the top-k indices stay
+    below it, the compressor writes through store_slots), and the rest of a [bs, max_ctx / 64]
+    table is most of the bytes a digest would hash."""
+    tokens, table, seq_lens, slots = args
+    live = -(-int(seq_lens.max()) // PAGE) if seq_lens.numel() else 0
+    return tokens, table[:, :live], seq_lens, slots
+
+
 def weights_digest(model):
-    """A digest of the model's weights, computed once per model (weights never change after
-    DecodeModel builds them; the caches do, and their live entries follow from the workload)."""
-    d = getattr(model, "_weights_digest", None)
-    if d is None:
-        names = sorted(k for k, v in vars(model).items() if k.startswith("w_") or k == "embed")
-        tensors = [t for k in names for t in (getattr(model, k) if k == "w_trunk" else [getattr(model, k)])]
-        d = model._weights_digest = digest(tensors)
-    return d
+    """A digest of the model's weights, computed once per weight set (weights never change after
+    they are drawn, and models of the same shapes and seed share one set: DecodeModel.weight_set;
+    the caches do change, and their live entries follow from the workload)."""
+    ws = model.weight_set
+    if ws.digest is None:
+        ws.digest = digest([t for v in ws.tensors.values() for t in (v if isinstance(v, list) else [v])])
+    return ws.digest
 
 
 class References:
@@ -85,7 +96,7 @@ class References:
             weights_digest(m),
             workload,
             index,
-            digest(host_args or args),
+            digest(live_inputs(host_args or args)),
         )
         ref = self._steps.get(key)
         if ref is not None:

@@ -286,7 +286,10 @@ def run_sessions(runner, w: WorkloadConfig, instruments=()):
         if not batch:
             continue
         b = build_batch(model, sched.pool, sched.tables, batch)
-        args = tuple(x.to(d) for x in b.host)
+        # non_blocking: a blocking copy from pageable memory synchronizes the stream, which would
+        # hold the host until every queued replay drained, once a step (CUDA stages pageable bytes
+        # before the call returns, so the host tensors may go at once)
+        args = tuple(x.to(d, non_blocking=True) for x in b.host)
         r = replay_step(runner, w, len(steps), args, b.host, instruments, sched.live_pages)
         pending.append(bad_rows(r, w.out_tol))
         # the step's contexts: the indexer's work, so the side branch's length (the race's window)
@@ -296,7 +299,8 @@ def run_sessions(runner, w: WorkloadConfig, instruments=()):
             )
         )
         sched.retire(batch)
-    dev.synchronize()
+    with phases.phase("replays"):  # the queued replays and references drain here
+        dev.synchronize()
     return verdicts(w.sessions, steps, pending)
 
 
