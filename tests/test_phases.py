@@ -134,3 +134,29 @@ def test_a_step_with_other_inputs_is_never_looked_up():
     b = refs.get(runner, w, 0, other)
     assert refs.misses == 2 and refs.hits == 0
     assert not torch.equal(a.out, b.out)
+
+
+def test_references_in_a_folder_are_read_by_the_next_process_and_give_the_same_verdicts(tmp_path):
+    alone = _run(None, "off")
+    first = references.References(tmp_path)
+    a = _run(first, "on")  # computes every step, then writes its group (run_sessions flushes)
+    assert first.misses == a["steps"] and len(list(tmp_path.glob("*.pt"))) == 1
+    later = references.References()  # as a later notebook's process would
+    later.attach(tmp_path)
+    b = _run(later, "off")
+    assert later.read == a["steps"] and later.hits == b["steps"] and later.misses == 0
+    assert b["step_log"] == alone["step_log"]  # the steps read back give the verdicts computing gives
+    _run(later, "on", seed=1)  # another workload: computed afresh and written beside the first
+    assert later.misses > 0 and len(list(tmp_path.glob("*.pt"))) == 2
+
+
+def test_a_references_file_of_another_group_is_never_trusted(tmp_path):
+    refs = references.References(tmp_path)
+    _run(refs, "on")
+    [path] = tmp_path.glob("*.pt")
+    data = torch.load(path, weights_only=True)
+    data["group"] = "another group"
+    torch.save(data, path)
+    later = references.References(tmp_path)
+    run = _run(later, "on")
+    assert later.read == 0 and later.misses == run["steps"]

@@ -22,10 +22,13 @@ computed, never looked up.
 
 import dataclasses
 import hashlib
+import os
+from pathlib import Path
 from typing import NamedTuple
 
 import torch
 
+from nblib.core.paths import NBLIB, ROOT
 from nblib.engine.model import PAGE
 
 # knobs of ModelConfig that change only what the graph captures, never the eager step's values
@@ -73,16 +76,26 @@ def weights_digest(model):
 
 
 class References:
-    """Eager reference steps by (model key, workload, step index, input digest); hits and misses
-    counted (a miss computes the step and keeps it)."""
+    """Eager reference steps by group (backend, model key, weights digest, workload) and, within a
+    group, by step index and input digest; hits and misses counted (a miss computes the step and
+    keeps it). attach(folder) backs the store with files, one a group: a group not in memory is read
+    from its file, and flush() writes the groups that gained steps (atomically, merged with what the
+    file held), so the notebooks of one run folder compute each eager step once between them."""
 
-    def __init__(self):
-        self._steps: dict[tuple, Reference] = {}
+    def __init__(self, folder=None):
+        self._groups: dict[tuple, dict[str, Reference]] = {}
+        self._fresh: set[tuple] = set()  # groups with steps their file lacks
+        self.folder = Path(folder) if folder else None
         self.hits = 0
         self.misses = 0
+        self.read = 0  # steps read from files
 
     def __len__(self):
-        return len(self._steps)
+        return sum(len(g) for g in self._groups.values())
+
+    def attach(self, folder):
+        """Back the store with `folder` (None: memory only); groups already in memory stay."""
+        self.folder = Path(folder) if folder else None
 
     def get(self, runner, workload, index, args, host_args=None):
         """runner.reference(*args), from the store when this step was computed before. host_args:
@@ -90,22 +103,61 @@ class References:
         if runner.model.plant_divergence:  # a check of the instruments: never share its model's steps
             return runner.reference(*args)
         m = runner.model
-        key = (
-            runner.dev.name,
-            model_key(m.cfg),
-            weights_digest(m),
-            workload,
-            index,
-            digest(live_inputs(host_args or args)),
-        )
-        ref = self._steps.get(key)
+        group = (runner.dev.name, model_key(m.cfg), weights_digest(m), workload)
+        steps = self._group(group, runner.dev.torch_device)
+        key = f"{index}:{digest(live_inputs(host_args or args)).hex()}"
+        ref = steps.get(key)
         if ref is not None:
             self.hits += 1
             return ref
         self.misses += 1
         out, topk = runner.reference(*args)
-        ref = self._steps[key] = Reference(out.clone(), topk.clone())
+        ref = steps[key] = Reference(out.clone(), topk.clone())
+        self._fresh.add(group)
         return ref
+
+    def flush(self):
+        """Write each group that gained steps to its file (no-op without a folder)."""
+        if self.folder is None:
+            self._fresh.clear()
+            return
+        self.folder.mkdir(parents=True, exist_ok=True)
+        for group in sorted(self._fresh, key=repr):
+            steps = self._groups[group]
+            path = self._file(group)
+            data = {k: (r.out.cpu(), r.topk.cpu()) for k, r in steps.items()}
+            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+            torch.save(dict(group=repr(group), steps=data), tmp)
+            os.replace(tmp, path)  # atomic: another reader sees the old file or the new one
+        self._fresh.clear()
+
+    def _file(self, group):
+        return self.folder / f"{hashlib.blake2b(repr(group).encode(), digest_size=12).hexdigest()}.pt"
+
+    def _group(self, group, device):
+        steps = self._groups.get(group)
+        if steps is None:
+            steps = self._groups[group] = self._load(group, device)
+        return steps
+
+    def _load(self, group, device):
+        if self.folder is None or not self._file(group).exists():
+            return {}
+        data = torch.load(self._file(group), map_location=device, weights_only=True)
+        if data.get("group") != repr(group):  # a digest collision: never trust another group's steps
+            return {}
+        self.read += len(data["steps"])
+        return {k: Reference(*v) for k, v in data["steps"].items()}
+
+
+def source_digest():
+    """A digest of the engine's and kernels' source (nblib and kernels, every .py file): a file of
+    references is read only by the code that wrote it, committed or not."""
+    h = hashlib.blake2b(digest_size=8)
+    for f in sorted(p for d in (NBLIB, ROOT / "kernels") for p in d.rglob("*.py")):
+        h.update(f.relative_to(ROOT).as_posix().encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()
 
 
 _SHARED = References()

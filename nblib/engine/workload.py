@@ -301,6 +301,9 @@ def run_sessions(runner, w: WorkloadConfig, instruments=()):
         sched.retire(batch)
     with phases.phase("replays"):  # the queued replays and references drain here
         dev.synchronize()
+    if getattr(runner, "references", None) is not None:
+        with phases.phase("eager references"):
+            runner.references.flush()  # the run folder's other notebooks read them (References.attach)
     return verdicts(w.sessions, steps, pending)
 
 

@@ -7,12 +7,14 @@ parameters cell filled, validates them against the profile schema (one-line erro
 heavy), opens the device, seeds it, and starts results.json with the parameters actually applied.
 """
 
+from pathlib import Path
 from typing import NamedTuple
 
 from kernels import launch
 from nblib.backends import device
 from nblib.core import phases
 from nblib.core.results import Results
+from nblib.engine import references
 from nblib.schema import params, results
 
 
@@ -39,6 +41,10 @@ def setup(notebook, namespace, fixed=None):
     if "seed" in applied:
         dev.manual_seed(applied["seed"])  # the simulator's replay timing; CUDA's RNG
     dropped = _drop_unsupported_dtypes(dev, applied, namespace)
+    # the run folder's notebooks share their eager reference steps (the suite's 01-04 decode the
+    # workloads 00 decoded), kept by the source that computed them
+    shared = references.shared()
+    shared.attach(Path(applied["output_dir"]) / ".references" / references.source_digest())
     res = Results(notebook, applied["output_dir"], dev, applied, fixed, check=results.validate)
     if dropped:
         res["dropped"] = dropped

@@ -48,7 +48,11 @@ def _point_files(run_point, point, notebooks, timeout):
         gpus = ",".join(map(str, ray.get_gpu_ids()))
         worker = f"ray node {ray.util.get_node_ip_address()}" + (f" GPU {gpus}" if gpus else "")
         outcome = run_point(point, notebooks, where, env=None, timeout=timeout, worker=worker)
-        files = {str(f.relative_to(where)): f.read_bytes() for f in sorted(where.rglob("*")) if f.is_file()}
+        files = {
+            str(f.relative_to(where)): f.read_bytes()
+            for f in sorted(where.rglob("*"))
+            if f.is_file() and ".references" not in f.parts
+        }
     return outcome, files
 
 
