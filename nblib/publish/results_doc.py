@@ -34,7 +34,6 @@ RUNS = (
     ("outputs/gpu-repeat", "notebooks 00 and 02 again on the same commit: how far the figures move"),
     ("outputs/gpu-03", "the newest finished notebook 03, on the profile of its commit"),
     ("outputs/gpu-long", "notebook 00 alone on params/gpu-long.yaml"),
-    ("outputs/gpu-06", "notebook 06 alone"),
 )
 BENCH = "outputs/bench"
 WINDOW = "outputs/probe/window"
