@@ -32,7 +32,6 @@ TEMPLATE = "results.md.j2"
 RUNS = (
     ("outputs/gpu", "the suite, notebook by notebook"),
     ("outputs/gpu-repeat", "notebooks 00 and 02 again on the same commit: how far the figures move"),
-    ("outputs/gpu-03", "the newest finished notebook 03, on the profile of its commit"),
     ("outputs/gpu-long", "notebook 00 alone on params/gpu-long.yaml"),
 )
 BENCH = "outputs/bench"
