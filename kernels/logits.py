@@ -52,6 +52,13 @@ def _live_page_ids(page_table, seq_lens, max_len):
     return torch.where(live, page_table[:, :n_pages].long(), 0)
 
 
+def _gather_pages(cache, page_table, seq_lens, max_len):
+    """The first max_len // PAGE pages of each request, [bs, n_pages, *one page]. index_select copies
+    the same bytes as cache[ids] at about half the CPU's time (one row copy a page)."""
+    ids = _live_page_ids(page_table, seq_lens, max_len)
+    return cache.index_select(0, ids.view(-1)).view(*ids.shape, *cache.shape[1:])
+
+
 def _mask_(logits, seq_lens):
     t = torch.arange(logits.shape[1], device=logits.device)
     return logits.masked_fill_(t[None, :] >= seq_lens[:, None], float("-inf"))
@@ -61,6 +68,18 @@ def _acc_dtype(dtype):
     return torch.promote_types(dtype, torch.float32)  # float32, or float64 for the check
 
 
+def _ref_head_sum(q, k, w):
+    """sum_h w[b, h] * relu(q[b, h] . k[b, t]) -> [bs, T] in the accumulation dtype (q, k: one dtype).
+
+    The scores as q @ k^T ([bs, H, T]), which the CPU computes faster than k @ q^T and bit for bit
+    equal (tests/test_logits_reference.py); the head sum from a contiguous [bs, T, H] copy, because
+    torch's bmm over a transposed operand rounds differently at bs 1 and H >= 8."""
+    scores = torch.bmm(q, k.transpose(1, 2))  # [bs, H, T], fp32 accumulate
+    acc = _acc_dtype(scores.dtype)
+    scores = scores.transpose(1, 2).to(acc, memory_format=torch.contiguous_format).relu_()
+    return torch.bmm(scores, w.to(acc).unsqueeze(-1)).squeeze(-1)
+
+
 def ref_logits_bf16(q, w, kcache, page_table, seq_lens, max_len):
     """Torch reference: gather pages, one bmm, relu, weighted head sum -> [bs, max_len].
 
@@ -68,10 +87,8 @@ def ref_logits_bf16(q, w, kcache, page_table, seq_lens, max_len):
     """
     bs, _, d = q.shape
     n = live_len(seq_lens, max_len)
-    k = kcache[_live_page_ids(page_table, seq_lens, n)].view(bs, n, d)
-    scores = torch.bmm(k, q.transpose(1, 2).to(k.dtype))  # [bs, T, H], fp32 accumulate
-    acc = _acc_dtype(scores.dtype)
-    logits = torch.bmm(scores.to(acc).relu_(), w.to(acc).unsqueeze(-1)).squeeze(-1)
+    k = _gather_pages(kcache, page_table, seq_lens, n).view(bs, n, d)
+    logits = _ref_head_sum(q.to(k.dtype), k, w)
     return pad_logits(_mask_(logits, seq_lens), max_len)
 
 
@@ -82,13 +99,11 @@ def ref_logits_fp8(q, w, pages, page_table, seq_lens, max_len, compute_dtype=tor
     """
     bs, _, d = q.shape
     n = live_len(seq_lens, max_len)
-    g = pages[_live_page_ids(page_table, seq_lens, n)]  # [bs, n_pages, bytes]
+    g = _gather_pages(pages, page_table, seq_lens, n)  # [bs, n_pages, bytes]
     k = g[..., : PAGE * d].view(torch.float8_e4m3fn).to(compute_dtype).view(bs, n, d)
     scale = g[..., PAGE * d :].view(torch.float32).reshape(bs, n)
-    scores = torch.bmm(k, q.to(compute_dtype).transpose(1, 2))  # [bs, T, H]
-    acc = _acc_dtype(compute_dtype)
-    logits = torch.bmm(scores.to(acc).relu_(), w.to(acc).unsqueeze(-1)).squeeze(-1)
-    return pad_logits(_mask_(logits * scale.to(acc), seq_lens), max_len)
+    logits = _ref_head_sum(q.to(compute_dtype), k, w)
+    return pad_logits(_mask_(logits * scale.to(logits.dtype), seq_lens), max_len)
 
 
 # ---------------------------------------------------------------------------
