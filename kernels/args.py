@@ -12,23 +12,26 @@ def need(ok, msg):
 
 
 def tensor(name, x, dtypes=None, ndim=None, shape=None, contiguous=False, last_contiguous=False):
-    """x is a torch.Tensor with one of `dtypes`, `ndim` dims, `shape` (None entries: any size)."""
-    need(isinstance(x, torch.Tensor), f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    """x is a torch.Tensor with one of `dtypes`, `ndim` dims, `shape` (None entries: any size).
+    The messages are formatted only on failure: every custom op on the CPU checks its arguments
+    at every call, so the passing path stays free of string work."""
+    if not isinstance(x, torch.Tensor):
+        need(False, f"{name} must be a torch.Tensor, got {type(x).__name__}")
     if dtypes is not None:
         dtypes = dtypes if isinstance(dtypes, tuple) else (dtypes,)
-        need(x.dtype in dtypes, f"{name} must be {' or '.join(map(str, dtypes))}, got {x.dtype}")
+        if x.dtype not in dtypes:
+            need(False, f"{name} must be {' or '.join(map(str, dtypes))}, got {x.dtype}")
     if shape is not None:
         ndim = len(shape)
-    if ndim is not None:
-        need(x.dim() == ndim, f"{name} must have {ndim} dims, got shape {tuple(x.shape)}")
-    if shape is not None:
+    if ndim is not None and x.dim() != ndim:
+        need(False, f"{name} must have {ndim} dims, got shape {tuple(x.shape)}")
+    if shape is not None and not all(s is None or s == n for s, n in zip(shape, x.shape)):
         want = tuple("*" if s is None else s for s in shape)
-        ok = all(s is None or s == n for s, n in zip(shape, x.shape))
-        need(ok, f"{name} must have shape {want}, got {tuple(x.shape)}".replace("'*'", "*"))
-    if contiguous:
-        need(x.is_contiguous(), f"{name} must be contiguous (call .contiguous()), got strides {x.stride()}")
-    if last_contiguous:
-        need(x.dim() == 0 or x.stride(-1) == 1, f"{name} must be contiguous in its last dim")
+        need(False, f"{name} must have shape {want}, got {tuple(x.shape)}".replace("'*'", "*"))
+    if contiguous and not x.is_contiguous():
+        need(False, f"{name} must be contiguous (call .contiguous()), got strides {x.stride()}")
+    if last_contiguous and not (x.dim() == 0 or x.stride(-1) == 1):
+        need(False, f"{name} must be contiguous in its last dim")
 
 
 def same_device(**tensors):
