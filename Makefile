@@ -1,4 +1,5 @@
-# make suite   the main job: every notebook, headless, on the GPU profile with CUDA, else the simulator
+# make suite   the main job: every notebook, headless, on the GPU profile with CUDA, else the simulator;
+#              LANES=auto (one process per GPU, or per CPU core on the simulator), LANES=1 for one by one
 # make test    lint, then the tests (GPU-only tests are skipped without CUDA, saying so)
 # make test-newest  the version-sensitive tests on the newest torch and Triton (see the target)
 # make lint    ruff check + ruff format --check (the same as .pre-commit-config.yaml)
@@ -11,7 +12,7 @@
 # On a GPU machine that already has torch and triton: make test TORCH= TRITON= SYSTEM_SITE=1.
 PY := .venv/bin/python
 PARAMS ?=
-LANES ?=
+LANES ?= auto
 TORCH ?= torch==2.13.0
 TORCH_INDEX ?=
 TRITON ?= triton==3.6.0

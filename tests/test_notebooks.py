@@ -345,12 +345,25 @@ def test_lanes_keep_03_after_00_and_leave_05_for_last():
     plan = suite.lane_plan(nbs, 2)
     assert plan == [
         ["00_reproduce", "03_stream_overlap"],
-        ["01_canary", "02_graph_vs_eager", "04_persistent_buffer_fix"],
+        ["01_canary", "02_graph_vs_eager", "04_persistent_buffer_fix", "06_audit_your_engine"],
     ]
     assert suite.lane_plan(nbs, 1) == [] and suite.lane_plan(nbs, 8) == plan  # more lanes than LANES
     assert suite.lane_plan(["00_reproduce", "05_report"], 2) == []  # one busy lane: plain run
     with pytest.raises(ValueError, match="--lanes must be a positive integer"):
         suite.lane_plan(nbs, 0)
+
+
+def test_auto_lanes_are_one_per_core_on_the_simulator_and_one_per_gpu_on_cuda(monkeypatch):
+    from types import SimpleNamespace
+
+    from nblib.backends import device
+
+    monkeypatch.setattr(suite.os, "cpu_count", lambda: 1)
+    assert suite.auto_lanes(SimpleNamespace(name="sim")) == 1
+    monkeypatch.setattr(suite.os, "cpu_count", lambda: 16)
+    assert suite.auto_lanes(SimpleNamespace(name="sim")) == len(suite.LANES)
+    monkeypatch.setattr(device, "gpu_count", lambda: 1)
+    assert suite.auto_lanes(SimpleNamespace(name="cuda")) == 1  # 16 cores, one GPU: one lane
 
 
 def test_lanes_ask_for_one_gpu_each_before_running(tmp_path, monkeypatch):

@@ -160,3 +160,18 @@ def test_a_references_file_of_another_group_is_never_trusted(tmp_path):
     later = references.References(tmp_path)
     run = _run(later, "on")
     assert later.read == 0 and later.misses == run["steps"]
+
+
+def test_speed_table_records_the_suites_wall_time_and_lanes_beside_the_notebooks_sum(tmp_path):
+    one, _ = benchtable.write(_records(30.0), "sim", "params/sim.yaml", tmp_path, wall_seconds=31.0)
+    assert one.wall_seconds == 31.0 and one.lanes == 1 and one.wall_ratio is None
+    two, folder = benchtable.write(
+        _records(30.0), "sim", "params/sim.yaml", tmp_path / "x", wall_seconds=15.5, lanes=2
+    )
+    assert two.wall_seconds == 15.5 and two.lanes == 2
+    (tmp_path / "x" / f"{one.machine}-one-lane").mkdir()
+    (tmp_path / "x" / f"{one.machine}-one-lane" / "speed.json").write_text(one.model_dump_json())
+    again, folder = benchtable.write(_records(30.0), "sim", "params/sim.yaml", tmp_path / "x", 15.5, 2)
+    assert again.wall_ratio == 0.5 and again.total_ratio == 1.0  # the lanes halved the wall, not the work
+    md = (folder / "speed.md").read_text()
+    assert "wall time 15.5 s on 2 lane(s) (0.50x of" in md and "add up to 30.0 s" in md

@@ -51,6 +51,10 @@ class SpeedTable(BaseModel):
     notebooks: list[NotebookSpeed]
     previous: str | None = None  # the folder of the table compared with
     total_ratio: float | None = None
+    # the suite's own wall time, start to last notebook (below total_seconds when lanes overlap)
+    wall_seconds: float | None = None
+    lanes: int = 1
+    wall_ratio: float | None = None  # wall_seconds over the previous table's (or its total)
 
 
 def machine_label(backend):
@@ -97,8 +101,9 @@ def previous_table(machine, here, root=BENCH_DIR, profile=None):
     return SpeedTable.model_validate_json(newest.read_text()), newest.parent
 
 
-def build(records, backend, profile, root=BENCH_DIR):
-    """The table of this run, with ratios to the previous table of the same machine."""
+def build(records, backend, profile, root=BENCH_DIR, wall_seconds=None, lanes=1):
+    """The table of this run, with ratios to the previous table of the same machine. wall_seconds:
+    the suite's elapsed time (with lanes, less than the notebooks' sum)."""
     machine, commit = machine_label(backend), results.commit()
     folder = Path(root) / f"{machine}-{Path(profile).stem}-{commit[:12].replace('+', '-')}"
     rows = speeds(records)
@@ -108,6 +113,8 @@ def build(records, backend, profile, root=BENCH_DIR):
         profile=profile,
         total_seconds=round(sum(r.seconds for r in rows), 1),
         notebooks=rows,
+        wall_seconds=round(wall_seconds, 1) if wall_seconds is not None else None,
+        lanes=lanes,
     )
     prev = previous_table(machine, folder, root, profile)
     if prev is not None:
@@ -117,6 +124,11 @@ def build(records, backend, profile, root=BENCH_DIR):
             r.ratio = round(r.seconds / before[r.notebook], 3) if before.get(r.notebook) else None
         table.previous = where.name
         table.total_ratio = round(table.total_seconds / old.total_seconds, 3) if old.total_seconds else None
+        then = (
+            old.wall_seconds or old.total_seconds
+        )  # a table before wall_seconds: its notebooks ran one by one
+        if table.wall_seconds is not None and then:
+            table.wall_ratio = round(table.wall_seconds / then, 3)
     return table, folder
 
 
@@ -126,7 +138,7 @@ def markdown(table: SpeedTable):
     lines = [
         f"# Suite speed: {table.machine}, commit {table.commit}, profile {table.profile}",
         "",
-        f"Total {table.total_seconds:.1f} s"
+        f"The notebooks' times add up to {table.total_seconds:.1f} s"
         + (
             f" ({table.total_ratio:.2f}x of {table.previous})"
             if table.total_ratio
@@ -134,6 +146,12 @@ def markdown(table: SpeedTable):
         ),
         "",
     ]
+    if table.wall_seconds is not None:
+        lines[-1:-1] = [
+            f"The suite's wall time {table.wall_seconds:.1f} s on {table.lanes} lane(s)"
+            + (f" ({table.wall_ratio:.2f}x of {table.previous}'s)" if table.wall_ratio else ""),
+        ]
+        lines.append("")
     rows = []
     for r in table.notebooks:
         cells = [r.notebook, r.status, f"{r.seconds:.1f}", f"{r.ratio:.2f}x" if r.ratio else "-"]
@@ -153,9 +171,9 @@ def text(records):
     return "\n".join([head, *body])
 
 
-def write(records, backend, profile, root=BENCH_DIR):
+def write(records, backend, profile, root=BENCH_DIR, wall_seconds=None, lanes=1):
     """Write speed.json and speed.md (atomically) into outputs/bench-suite/<machine>-<profile>-<commit>/."""
-    table, folder = build(records, backend, profile, root)
+    table, folder = build(records, backend, profile, root, wall_seconds, lanes)
     write_json(folder / "speed.json", table.model_dump())
     write_text(folder / "speed.md", markdown(table))
     return table, folder

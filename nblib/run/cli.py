@@ -8,6 +8,7 @@ python -m nblib results [--check] [--out docs/results.md]   (the page of committ
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 # Each command imports its own modules when it runs: papermill, nbconvert and Playwright cost
@@ -23,7 +24,13 @@ def main(argv=None):
     r.add_argument("--out", help="output folder (default: outputs/<profile name>)")
     r.add_argument("--only", nargs="*", help="notebook name prefixes, e.g. 00 01")
     r.add_argument("--timeout", type=int, default=1800, help="seconds per cell")
-    r.add_argument("--lanes", type=int, default=1, help="run 00-04 in N processes, one GPU each on CUDA")
+    r.add_argument(
+        "--lanes",
+        type=_lanes,
+        default=1,
+        help="run 00-04 and 06 in N processes, one GPU each on CUDA; auto: one per GPU, or per CPU core "
+        "on the simulator",
+    )
     r.add_argument(
         "--bench",
         action="store_true",
@@ -66,21 +73,48 @@ def main(argv=None):
         sys.exit(f"error: {e}")
 
 
+def _lanes(text):
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--lanes takes a positive integer or auto, got {text!r}") from None
+
+
+def lanes_of(lanes, backend):
+    """--lanes as a number (auto resolved as the suite resolves it)."""
+    if lanes != "auto":
+        return lanes
+    from types import SimpleNamespace
+
+    from nblib.run import suite
+
+    return suite.auto_lanes(SimpleNamespace(name=backend))
+
+
 def _run(args):
     from nblib.publish import runindex
     from nblib.run import benchtable, suite
     from nblib.schema import params as P
 
+    t0 = time.perf_counter()
     records = suite.run(args.params, args.out, args.only, args.timeout, args.lanes)
+    wall = time.perf_counter() - t0
     for rec in records:
         print(f"{rec['notebook']:26s} {rec['status']:6s} {rec['seconds']:7.1f} s  {rec.get('verdict') or ''}")
     print(benchtable.text(records))  # where each notebook's time went, phase by phase
     if args.bench:
         backend = next((r["backend"] for r in records if r.get("backend")), "sim")
+        lanes = len(suite.lane_plan(suite.available(args.only), lanes_of(args.lanes, backend))) or 1
         table, folder = benchtable.write(
-            records, backend, runindex.shown_path(args.params or P.default_profile())
+            records,
+            backend,
+            runindex.shown_path(args.params or P.default_profile()),
+            wall_seconds=wall,
+            lanes=lanes,
         )
-        print(f"speed table: {folder}/speed.md (total {table.total_seconds:.1f} s)")
+        print(f"speed table: {folder}/speed.md (wall {wall:.1f} s on {lanes} lane(s))")
     out = suite.output_dir(args.params, args.out)
     print(f"outputs: {out}/index.html (every verdict), {out}/writeup.md (the writeup)")
 

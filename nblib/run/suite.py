@@ -28,7 +28,7 @@ from nblib.publish import runindex
 from nblib.schema import params as P
 
 # 03 reuses 00's replays (same commit and parameters), so they share a lane; 05 reads every result
-LANES = (("00", "03"), ("01", "02", "04"))
+LANES = (("00", "03"), ("01", "02", "04", "06"))
 
 
 def available(only=None):
@@ -59,6 +59,7 @@ def run(params_path=None, out=None, only=None, timeout=1800, lanes=1):
     note = tuning_note(params_path, dev)
     if note:
         print(note)
+    lanes = auto_lanes(dev) if lanes == "auto" else lanes
     plan = lane_plan(notebooks, lanes)
     gpus = _lane_gpus(dev, len(plan)) if len(plan) > 1 else []
     out = output_dir(params_path, out)
@@ -170,6 +171,18 @@ def lane_plan(notebooks, lanes):
         plan[i % len(plan)] += [n for n in notebooks if n[:2] in lane]
     plan = [sorted(p, key=notebooks.index) for p in plan if p]
     return plan if len(plan) > 1 else []
+
+
+def auto_lanes(dev):
+    """--lanes auto: one lane per GPU on CUDA, one per CPU core on the simulator (whose notebooks
+    run on one core each), at most len(LANES)."""
+    if getattr(dev, "name", "") == "cuda":
+        from nblib.backends import device  # lazily: it imports torch
+
+        have = device.gpu_count()
+    else:
+        have = os.cpu_count() or 1
+    return max(1, min(len(LANES), have))
 
 
 def _lane_gpus(dev, n):
