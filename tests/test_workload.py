@@ -347,3 +347,25 @@ def test_models_of_the_same_shapes_share_one_weight_set_and_its_digest():
     again = ModelConfig(**shapes)
     fresh = SimpleNamespace(weight_set=type(a.weight_set)(a.weight_set.tensors))
     assert references.weights_digest(fresh) == references.weights_digest(DecodeModel(again, dev))
+
+
+def test_step_inputs_stay_themselves_on_the_cpu():
+    from nblib.engine.workload import to_device
+
+    x = torch.arange(6)
+    assert to_device(x, torch.device("cpu")) is x
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_step_inputs_reach_the_gpu_through_pinned_memory_without_waiting_for_queued_work():
+    from nblib.engine.workload import to_device
+
+    x = torch.arange(4096 * 40, dtype=torch.int32).view(40, 4096)
+    busy = torch.randn(8192, 8192, device="cuda")
+    for _ in range(20):  # queued work the copy must not wait for
+        busy = busy @ busy / 8192
+    y = to_device(x, torch.device("cuda"))
+    queued = not torch.cuda.current_stream().query()  # the host ran ahead of the matmuls
+    x.zero_()  # the host tensor changes after the call: the copy read its own pinned bytes
+    assert queued and torch.equal(y.cpu(), torch.arange(4096 * 40, dtype=torch.int32).view(40, 4096))

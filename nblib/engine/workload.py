@@ -286,10 +286,7 @@ def run_sessions(runner, w: WorkloadConfig, instruments=()):
         if not batch:
             continue
         b = build_batch(model, sched.pool, sched.tables, batch)
-        # non_blocking: a blocking copy from pageable memory synchronizes the stream, which would
-        # hold the host until every queued replay drained, once a step (CUDA stages pageable bytes
-        # before the call returns, so the host tensors may go at once)
-        args = tuple(x.to(d, non_blocking=True) for x in b.host)
+        args = tuple(to_device(x, d) for x in b.host)
         r = replay_step(runner, w, len(steps), args, b.host, instruments, sched.live_pages)
         pending.append(bad_rows(r, w.out_tol))
         # the step's contexts: the indexer's work, so the side branch's length (the race's window)
@@ -305,6 +302,16 @@ def run_sessions(runner, w: WorkloadConfig, instruments=()):
         with phases.phase("eager references"):
             runner.references.flush()  # the run folder's other notebooks read them (References.attach)
     return verdicts(w.sessions, steps, pending)
+
+
+def to_device(x, d):
+    """A step's host input on device d without holding the host. A blocking copy synchronizes the
+    stream (the host would wait for every queued replay, once a step), and so may an asynchronous
+    one from pageable memory; from pinned memory it is queued, and PyTorch's caching host allocator
+    keeps the pinned block from reuse until the copy has run. The CPU (the simulator) takes x."""
+    if torch.device(d).type != "cuda":
+        return x.to(d)
+    return x.pin_memory().to(d, non_blocking=True)
 
 
 def _reference(runner, w, index, args, host):
