@@ -1,10 +1,22 @@
 """The matcher in plain Python (O(ops x nodes^2) steps, a state per step): the reference that
 nblib.instruments.graph_match must agree with exactly (tests/test_graph_match.py,
-scripts/bench_graph_match.py)."""
+scripts/bench_graph_match.py). The run's classification and the leftover nodes come from the module
+itself (_classify, _match): they read the evidence the same way in both, and what is compared is
+the evidence and the alignment."""
 
 from typing import NamedTuple
 
-from nblib.instruments.graph_match import EMPTY, EXPLAINED, FOREIGN, NO_EDGE, TAIL, Match, OpNodes
+from nblib.instruments.graph_match import (
+    EMPTY,
+    EXPLAINED,
+    FOREIGN,
+    NO_EDGE,
+    TAIL,
+    Match,
+    OpNodes,
+    _classify,
+    _match,
+)
 from nblib.instruments.graph_read import MEMORY_KINDS
 
 
@@ -140,35 +152,4 @@ def match(ops, raw):
         pj, a, b = best[i][j].back
         got[ops[i - 1].index] = _classify(ops[i - 1], range(a, b), raw, ev)
         j = pj
-    owner = {k: op for op in ops for k in got[op.index].nodes}
-    unclaimed, reused = [], []
-    for k in range(n):
-        op = owner.get(k)
-        if not ev.rec[k] or (op is not None and ev.explained(op, k)):
-            continue
-        if op is None or ev.foreign(op, k):
-            unclaimed.append(k)
-        else:
-            reused.append(k)
-    return Match(got, unclaimed, reused)
-
-
-def _classify(op, run, raw, ev):
-    """Drop the run's nodes that move no bytes (empty, event nodes) and say how the rest was found."""
-    nodes = tuple(k for k in run if raw.nodes[k].kind in MEMORY_KINDS)
-    if not nodes:
-        return OpNodes((), "none")
-    if any(ev.explained(op, k) for k in nodes):
-        return OpNodes(nodes, "pointers")
-    why = []
-    for k in nodes:
-        nd = raw.nodes[k]
-        if nd.blind:
-            why.append(f"node {k} ({nd.name[:40]}) unreadable: {nd.unreadable or '0 params read'}")
-        elif not ev.rec[k]:
-            why.append(f"node {k} ({nd.name[:40]}) touches no recorded byte")
-        elif not ev.foreign(op, k):
-            why.append(f"node {k} ({nd.name[:40]}) touches only bytes other allocations held at other times")
-        else:
-            why.append(f"node {k} ({nd.name[:40]}) points at other ops' bytes only")
-    return OpNodes(nodes, "order", "; ".join(why))
+    return _match(ops, got, ev, n)

@@ -258,6 +258,12 @@ def match(ops, raw):
         pj = int(back[i - 1][j])
         got[ops[i - 1].index] = _classify(ops[i - 1], range(pj, j), raw, ev)
         j = pj
+    return _match(ops, got, ev, n)
+
+
+def _match(ops, got, ev, n):
+    """The Match of the runs `got`: each node pointing into recorded bytes its op does not account
+    for is unclaimed (live bytes of another op) or reused (bytes no op held there)."""
     owner = {k: op for op in ops for k in got[op.index].nodes}
     unclaimed, reused = [], []
     for k in range(n):
