@@ -17,6 +17,13 @@ config (the knobs that do not change the eager step normalised away) and a diges
 the workload, the step's index and a digest of the step's inputs; a step whose inputs differ is
 computed, never looked up.
 
+The store can be backed by a folder (References.attach; nblib.setup attaches the process's to
+<output_dir>/.references/<source digest>/), so the notebooks of one run folder, each its own
+process, compute each step once between them: a group (backend, model key, weights digest,
+workload) is read from its file the first time a step of it is asked for, and run_sessions writes
+the groups that gained steps when it ends. The folder is named by a digest of the source
+(source_digest), so code that changed never reads another version's steps.
+
     runner = Runner(model, buckets, references=references.shared())
 """
 
