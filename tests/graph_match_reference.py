@@ -16,15 +16,9 @@ from nblib.instruments.graph_match import (
     OpNodes,
     _classify,
     _match,
+    _spans,
 )
 from nblib.instruments.graph_read import MEMORY_KINDS
-
-
-class _Span(NamedTuple):
-    lo: int
-    hi: int
-    first: int  # place (host order) of the first op touching its allocation; None: always live
-    last: int
 
 
 def _ranges(op):
@@ -33,22 +27,6 @@ def _ranges(op):
 
 def _inside(p, ranges):
     return any(lo <= p < hi for lo, hi in ranges)
-
-
-def _spans(ops):
-    """Every recorded access's bytes with its allocation's life over the ops' places."""
-    life = {}
-    for i, op in enumerate(ops):
-        for a in op.accesses:
-            if a.alloc is not None:
-                f, _ = life.get(id(a.alloc), (i, i))
-                life[id(a.alloc)] = (f, i)
-    out = []
-    for op in ops:
-        for a in op.accesses:
-            f, last = life[id(a.alloc)] if a.alloc is not None else (None, None)
-            out.append(_Span(a.addr, a.addr + a.nbytes, f, last))
-    return out
 
 
 class _Evidence:

@@ -354,16 +354,15 @@ def test_lanes_keep_03_after_00_and_leave_05_for_last():
 
 
 def test_auto_lanes_are_one_per_core_on_the_simulator_and_one_per_gpu_on_cuda(monkeypatch):
-    from types import SimpleNamespace
-
     from nblib.backends import device
 
     monkeypatch.setattr(suite.os, "cpu_count", lambda: 1)
-    assert suite.auto_lanes(SimpleNamespace(name="sim")) == 1
+    assert suite.resolve_lanes("auto", "sim") == 1
     monkeypatch.setattr(suite.os, "cpu_count", lambda: 16)
-    assert suite.auto_lanes(SimpleNamespace(name="sim")) == len(suite.LANES)
+    assert suite.resolve_lanes("auto", "sim") == len(suite.LANES)
     monkeypatch.setattr(device, "gpu_count", lambda: 1)
-    assert suite.auto_lanes(SimpleNamespace(name="cuda")) == 1  # 16 cores, one GPU: one lane
+    assert suite.resolve_lanes("auto", "cuda") == 1  # 16 cores, one GPU: one lane
+    assert suite.resolve_lanes(3, "cuda") == 3  # a number stays as given
 
 
 def test_lanes_ask_for_one_gpu_each_before_running(tmp_path, monkeypatch):

@@ -3,12 +3,14 @@
 import glob
 import json
 import os
+from typing import NamedTuple
 
 import pytest
 import torch
 from miniature import N, reuse_race_step
 from models import SIM
 
+from kernels.indexer import PAGE
 from nblib.backends.sim import MB, CachingAllocator, SimCaptureError, SimDevice, allocation_size, round_size
 
 A, B = "streamA", "streamB"  # the allocator used alone keys blocks by any hashable stream
@@ -485,27 +487,48 @@ def test_the_simulator_times_replays_with_the_committed_h200_calibration():
     assert t == Timing.calibrated() and t.source == str(CALIBRATION)
 
 
-def test_the_indexers_simulated_time_follows_the_longest_request():
-    import torch
+class PagedCall(NamedTuple):
+    """An indexer call on two requests of one page each, captured on the simulator: replays read
+    `lens`, so growing the second request shows what a longer context costs."""
 
-    from kernels import indexer as kx
+    dev: object
+    graph: object
+    lens: torch.Tensor
+    run: object  # captures the same call again, into a given graph
 
+
+def _paged_call(op, cache, q, pages):
     dev = SimDevice()
-    heads, dim, pages = 2, 128, 40
-    cache = torch.randn(pages, kx.PAGE, dim).to(torch.bfloat16)
-    q = torch.randn(2, heads, dim).to(torch.bfloat16)
+    heads = q.shape[1]
     w = torch.rand(2, heads)
     table = torch.arange(pages, dtype=torch.int32).view(2, -1)
     lens = torch.tensor([64, 64], dtype=torch.int32)
-    out = torch.empty(2, pages // 2 * kx.PAGE)
-    g = dev.CUDAGraph()
-    with dev.graph(g):
-        kx.indexer_logits_bf16(q, w, cache, table, lens, out, 1)
-    short = g.expected_seconds()
-    lens.copy_(torch.tensor([64, 1024], dtype=torch.int32))  # the static input a replay reads
-    long_ = g.expected_seconds()
-    tm = dev.timing
-    assert long_ - short == pytest.approx((1024 - 64) * dim * 2 / tm.program_bandwidth, rel=1e-9)
+    out = torch.empty(2, pages // 2 * PAGE)
+
+    def run(g):
+        with dev.graph(g):
+            op(q, w, cache, table, lens, out, 1)
+        return g
+
+    return PagedCall(dev, run(dev.CUDAGraph()), lens, run)
+
+
+def _longer_costs(call):
+    """Simulated seconds the second request's growth from 64 to 1024 entries adds to a replay."""
+    short = call.graph.expected_seconds()
+    call.lens.copy_(torch.tensor([64, 1024], dtype=torch.int32))  # the static input a replay reads
+    return call.graph.expected_seconds() - short
+
+
+def test_the_indexers_simulated_time_follows_the_longest_request():
+    from kernels import indexer as kx
+
+    dim, pages = 128, 40
+    cache = torch.randn(pages, kx.PAGE, dim).to(torch.bfloat16)
+    q = torch.randn(2, 2, dim).to(torch.bfloat16)
+    call = _paged_call(kx.indexer_logits_bf16, cache, q, pages)
+    tm = call.dev.timing
+    assert _longer_costs(call) == pytest.approx((1024 - 64) * dim * 2 / tm.program_bandwidth, rel=1e-9)
 
 
 def test_the_simulator_times_paged_ops_by_their_registered_roles(monkeypatch):
@@ -514,26 +537,14 @@ def test_the_simulator_times_paged_ops_by_their_registered_roles(monkeypatch):
     from kernels import indexer as kx
     from nblib.backends.sim import capture
 
-    dev = SimDevice()
-    heads, dim, pages = 2, 128, 40
+    dim, pages = 128, 40
     kpages = kx.quantize_fp8_pages(torch.randn(pages, kx.PAGE, dim))
-    q = torch.randn(2, heads, dim).to(torch.float8_e4m3fn)
-    w = torch.rand(2, heads)
-    table = torch.arange(pages, dtype=torch.int32).view(2, -1)
-    lens = torch.tensor([64, 64], dtype=torch.int32)
-    out = torch.empty(2, pages // 2 * kx.PAGE)
-    g = dev.CUDAGraph()
-    with dev.graph(g):
-        kx.indexer_logits_fp8(q, w, kpages, table, lens, out, 1)
-    (node,) = [n for n in g.nodes if n.op.startswith("csi.")]
-    short = g.expected_seconds()
-    lens.copy_(torch.tensor([64, 1024], dtype=torch.int32))
-    assert g.expected_seconds() - short == pytest.approx(
-        (1024 - 64) * (dim + 4) / dev.timing.program_bandwidth, rel=1e-9
-    )
+    q = torch.randn(2, 2, dim).to(torch.float8_e4m3fn)
+    call = _paged_call(kx.indexer_logits_fp8, kpages, q, pages)
+    (node,) = [n for n in call.graph.nodes if n.op.startswith("csi.")]
+    bandwidth = call.dev.timing.program_bandwidth
+    assert _longer_costs(call) == pytest.approx((1024 - 64) * (dim + 4) / bandwidth, rel=1e-9)
     assert node.cost is not None
     monkeypatch.setattr(capture, "_ROLES", {})
-    g2 = dev.CUDAGraph()
-    with dev.graph(g2):
-        kx.indexer_logits_fp8(q, w, kpages, table, lens, out, 1)
+    g2 = call.run(call.dev.CUDAGraph())
     assert all(n.cost is None for n in g2.nodes)

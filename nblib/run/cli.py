@@ -82,17 +82,6 @@ def _lanes(text):
         raise argparse.ArgumentTypeError(f"--lanes takes a positive integer or auto, got {text!r}") from None
 
 
-def lanes_of(lanes, backend):
-    """--lanes as a number (auto resolved as the suite resolves it)."""
-    if lanes != "auto":
-        return lanes
-    from types import SimpleNamespace
-
-    from nblib.run import suite
-
-    return suite.auto_lanes(SimpleNamespace(name=backend))
-
-
 def _run(args):
     from nblib.publish import runindex
     from nblib.run import benchtable, suite
@@ -106,7 +95,8 @@ def _run(args):
     print(benchtable.text(records))  # where each notebook's time went, phase by phase
     if args.bench:
         backend = next((r["backend"] for r in records if r.get("backend")), "sim")
-        lanes = len(suite.lane_plan(suite.available(args.only), lanes_of(args.lanes, backend))) or 1
+        n = suite.resolve_lanes(args.lanes, backend)
+        lanes = len(suite.lane_plan(suite.available(args.only), n)) or 1
         table, folder = benchtable.write(
             records,
             backend,

@@ -59,7 +59,7 @@ def run(params_path=None, out=None, only=None, timeout=1800, lanes=1):
     note = tuning_note(params_path, dev)
     if note:
         print(note)
-    lanes = auto_lanes(dev) if lanes == "auto" else lanes
+    lanes = resolve_lanes(lanes, dev.name)
     plan = lane_plan(notebooks, lanes)
     gpus = _lane_gpus(dev, len(plan)) if len(plan) > 1 else []
     out = output_dir(params_path, out)
@@ -173,10 +173,12 @@ def lane_plan(notebooks, lanes):
     return plan if len(plan) > 1 else []
 
 
-def auto_lanes(dev):
-    """--lanes auto: one lane per GPU on CUDA, one per CPU core on the simulator (whose notebooks
-    run on one core each), at most len(LANES)."""
-    if getattr(dev, "name", "") == "cuda":
+def resolve_lanes(lanes, backend):
+    """--lanes as a number: "auto" is one lane per GPU on CUDA, one per CPU core on the simulator
+    (whose notebooks run on one core each), at most len(LANES)."""
+    if lanes != "auto":
+        return lanes
+    if backend == "cuda":
         from nblib.backends import device  # lazily: it imports torch
 
         have = device.gpu_count()
