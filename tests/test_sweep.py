@@ -86,6 +86,8 @@ def test_local_workers_run_retry_once_record_failures_and_resume(tmp_path):
     assert (good.status, good.attempts) == ("ok", 1)
     assert (bad.status, bad.attempts) == ("failed", 2) and "out of cache pages" in bad.error
     assert (out / "points" / bad.point.id / "run.log").read_text().count("--- attempt") == 2
+    # a done point keeps its results, not the eager steps its notebooks shared while it ran
+    assert not (out / "points" / good.point.id / ".references").exists()
 
     res = json.loads((out / "points" / good.point.id / "00_reproduce.results.json").read_text())
     assert res["status"] == "ok" and res["params"]["model"]["num_pages"] == 300  # the grid value arrived

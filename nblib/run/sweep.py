@@ -31,6 +31,7 @@ import itertools
 import json
 import os
 import queue
+import shutil
 import subprocess
 import sys
 import time
@@ -175,6 +176,9 @@ def run_point(point, notebooks, point_dir, env=None, timeout=1800, worker=None):
             log.flush()
             p = subprocess.run(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, check=False)
         if p.returncode == 0 and done(point_dir, notebooks):
+            # the eager steps the point's notebooks shared (hundreds of MB a point on the H200
+            # profile): nothing reads them once the point is done, since a later sweep skips it
+            shutil.rmtree(point_dir / ".references", ignore_errors=True)
             return Outcome(point, "ok", attempt, None, round(time.perf_counter() - t0, 1), worker, started)
         error = _last_error(point_dir / "run.log") or f"exit status {p.returncode}"
     return Outcome(point, "failed", ATTEMPTS, error, round(time.perf_counter() - t0, 1), worker, started)
