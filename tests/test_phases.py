@@ -175,3 +175,18 @@ def test_speed_table_records_the_suites_wall_time_and_lanes_beside_the_notebooks
     assert again.wall_ratio == 0.5 and again.total_ratio == 1.0  # the lanes halved the wall, not the work
     md = (folder / "speed.md").read_text()
     assert "wall time 15.5 s on 2 lane(s) (0.50x of" in md and "add up to 30.0 s" in md
+
+
+def test_speed_table_compares_totals_only_over_the_notebooks_both_tables_list(tmp_path):
+    """A run of some notebooks (--only) beside a whole suite: its total and wall are not a speedup."""
+    phase = [dict(name="replays", seconds=1.0, cpu_seconds=1.0, calls=1)]
+    suite = [dict(notebook=n, status="ok", seconds=s, phases=phase) for n, s in (("00", 10.0), ("03", 40.0))]
+    whole, _ = benchtable.write(suite, "sim", "params/sim.yaml", tmp_path / "a", wall_seconds=50.0)
+    (tmp_path / "b" / f"{whole.machine}-whole").mkdir(parents=True)
+    (tmp_path / "b" / f"{whole.machine}-whole" / "speed.json").write_text(whole.model_dump_json())
+    some, folder = benchtable.write(suite[1:], "sim", "params/sim.yaml", tmp_path / "b", wall_seconds=20.0)
+    assert some.compared == ["03"] and some.total_ratio == 1.0 and some.wall_ratio is None
+    md = (folder / "speed.md").read_text()
+    assert "1.00x of" in md and "over the 1 notebook(s) both list: 03" in md
+    same, _ = benchtable.write(suite, "sim", "params/sim.yaml", tmp_path / "b", wall_seconds=25.0)
+    assert same.compared is None and same.total_ratio == 1.0 and same.wall_ratio == 0.5

@@ -55,6 +55,9 @@ class SpeedTable(BaseModel):
     wall_seconds: float | None = None
     lanes: int = 1
     wall_ratio: float | None = None  # wall_seconds over the previous table's (or its total)
+    # the notebooks the ratios cover, when the two tables do not list the same ones (a run with --only):
+    # totals over different notebooks are no regression, so the total compares these alone
+    compared: list[str] | None = None
 
 
 def machine_label(backend):
@@ -123,13 +126,33 @@ def build(records, backend, profile, root=BENCH_DIR, wall_seconds=None, lanes=1)
         for r in rows:
             r.ratio = round(r.seconds / before[r.notebook], 3) if before.get(r.notebook) else None
         table.previous = where.name
-        table.total_ratio = round(table.total_seconds / old.total_seconds, 3) if old.total_seconds else None
-        then = (
-            old.wall_seconds or old.total_seconds
-        )  # a table before wall_seconds: its notebooks ran one by one
-        if table.wall_seconds is not None and then:
-            table.wall_ratio = round(table.wall_seconds / then, 3)
+        _compare_totals(table, old, before)
     return table, folder
+
+
+def _compare_totals(table, old, before):
+    """The total's ratio over the notebooks both tables list, and the wall's only when they list the
+    same ones (a wall over other notebooks is other work)."""
+    common = [r for r in table.notebooks if before.get(r.notebook)]
+    if len(common) != len(table.notebooks) or len(common) != len(before):
+        table.compared = [r.notebook for r in common]
+    then_total = sum(before[r.notebook] for r in common)
+    if then_total:
+        table.total_ratio = round(sum(r.seconds for r in common) / then_total, 3)
+    then = old.wall_seconds or old.total_seconds  # a table before wall_seconds: its notebooks ran one by one
+    if table.wall_seconds is not None and then and table.compared is None:
+        table.wall_ratio = round(table.wall_seconds / then, 3)
+
+
+def _total_note(table: SpeedTable):
+    if not table.total_ratio:
+        return " (no previous table)" if table.previous is None else f" (no notebook in common with {table.previous})"
+    if table.compared is None:
+        return f" ({table.total_ratio:.2f}x of {table.previous})"
+    return (
+        f" ({table.total_ratio:.2f}x of {table.previous} over the {len(table.compared)} notebook(s) both list:"
+        f" {', '.join(table.compared)})"
+    )
 
 
 def markdown(table: SpeedTable):
@@ -138,12 +161,7 @@ def markdown(table: SpeedTable):
     lines = [
         f"# Suite speed: {table.machine}, commit {table.commit}, profile {table.profile}",
         "",
-        f"The notebooks' times add up to {table.total_seconds:.1f} s"
-        + (
-            f" ({table.total_ratio:.2f}x of {table.previous})"
-            if table.total_ratio
-            else " (no previous table)"
-        ),
+        f"The notebooks' times add up to {table.total_seconds:.1f} s" + _total_note(table),
         "",
     ]
     if table.wall_seconds is not None:
