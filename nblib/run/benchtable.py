@@ -146,12 +146,14 @@ def _compare_totals(table, old, before):
 
 def _total_note(table: SpeedTable):
     if not table.total_ratio:
-        return " (no previous table)" if table.previous is None else f" (no notebook in common with {table.previous})"
+        if table.previous is None:
+            return " (no previous table)"
+        return f" (no notebook in common with {table.previous})"
     if table.compared is None:
         return f" ({table.total_ratio:.2f}x of {table.previous})"
     return (
-        f" ({table.total_ratio:.2f}x of {table.previous} over the {len(table.compared)} notebook(s) both list:"
-        f" {', '.join(table.compared)})"
+        f" ({table.total_ratio:.2f}x of {table.previous} over the {len(table.compared)} notebook(s)"
+        f" both list: {', '.join(table.compared)})"
     )
 
 
