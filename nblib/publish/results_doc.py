@@ -24,6 +24,7 @@ from pydantic import BaseModel
 from nblib.core.files import write_text
 from nblib.core.paths import NOTEBOOKS, ROOT
 from nblib.publish import results_figures as rf
+from nblib.publish import results_runs
 from nblib.schema import results as R
 
 DOC = ROOT / "docs" / "results.md"
@@ -173,6 +174,8 @@ def context():
         kernels=rf.kernel_tables(benches),
         kernel_history=rf.kernel_history(benches),
         notes=rf.notes_list(notes),
+        sweeps=results_runs.sweeps(ROOT),
+        speeds=results_runs.suite_speeds(ROOT),
     )
 
 
