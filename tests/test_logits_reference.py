@@ -97,3 +97,14 @@ def test_the_comparison_sees_one_flipped_bit():
     flipped = ref.clone()
     flipped.view(torch.int32)[0, 0] ^= 1
     assert not same_bits(flipped, ref)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64])
+def test_the_e4m3_table_gives_the_bits_of_torchs_conversion_for_every_byte(dtype):
+    every = torch.arange(256, dtype=torch.int32).to(torch.uint8)
+    pages = every.repeat(3, 2)[:, 1:-3]  # a strided slice, as of the gathered pages' value bytes
+    want = pages.view(torch.float8_e4m3fn).to(dtype)
+    got = lg.e4m3_to(pages, dtype)
+    assert got.dtype == dtype and got.shape == pages.shape
+    bits = {torch.bfloat16: torch.int16, torch.float32: torch.int32, torch.float64: torch.int64}[dtype]
+    assert torch.equal(got.view(bits), want.view(bits))
