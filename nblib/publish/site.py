@@ -104,17 +104,27 @@ def _environment(run, records):
     return show.html_table(rows), [(", ".join(names), text) for text, names in groups.items()], commits
 
 
-def build(run_dir, out=None):
-    """Build the site; returns Site(root, pages). The old site is replaced only once the new one is whole."""
+def build(run_dir, out=None, up=None):
+    """Build the site; returns Site(root, pages). The old site is replaced only once the new one is whole.
+    up: (href, label), a first nav link out of the site (a sweep's page, for a point's site)."""
     run = Path(run_dir)
     index = _index(run)
-    records = index["notebooks"]
     out = Path(out) if out else run / SITE
+    names = replace(out, lambda dest: _build(run, index, index["notebooks"], dest, up))
+    if out == run / SITE:
+        runindex.write_index(run)  # the run's own index links to the site now
+    return Site(out, names)
+
+
+def replace(out, make):
+    """make(folder) fills a fresh folder beside `out`, which then takes out's place: a failed build
+    leaves the old site whole. Returns what make returns."""
+    out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
     tmp.chmod(0o755)  # mkdtemp makes 0700; the site is for everyone to read
     try:
-        names = _build(run, index, records, tmp)
+        made = make(tmp)
         if out.exists():
             old = out.with_name(f".{out.name}-old")
             shutil.rmtree(old, ignore_errors=True)
@@ -126,14 +136,13 @@ def build(run_dir, out=None):
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    if out == run / SITE:
-        runindex.write_index(run)  # the run's own index links to the site now
-    return Site(out, names)
+    return made
 
 
-def _build(run, index, records, dest):
+def _build(run, index, records, dest, up=None):
     executed = [r for r in records if (run / f"{r['notebook']}.ipynb").exists()]
-    nav = [("index.html", "overview")]
+    nav = [up] if up else []
+    nav.append(("index.html", "overview"))
     if (run / "writeup.md").exists():
         nav.append(("writeup.html", "writeup"))
     nav += [(f"{r['notebook']}.html", r["notebook"][:2]) for r in executed]

@@ -1,7 +1,7 @@
 """python -m nblib run [--params params/gpu.yaml] [--out outputs/gpu] [--only 00 01] [--lanes 2]
 python -m nblib cells   (rewrite each notebook's parameters cell from the profile schema)
 python -m nblib sweep --params P --grid params/grids/G.yaml [--workers N | --ray auto|local|ADDRESS]
-python -m nblib publish RUN_DIR [--out RUN_DIR/site] [--check]
+python -m nblib publish RUN_DIR|SWEEP_DIR [--out DIR/site] [--check]
 python -m nblib window [--params P] [--out params/local-<gpu>.yaml] [--runs 2] [--depths LO:HI] [--band LO:HI]
 python -m nblib audit TARGET [--backend cuda|sim] [--json] [--label L]   (docs/audit.md; exit 0/1/2)
 python -m nblib results [--check] [--out docs/results.md]   (the page of committed results)"""
@@ -46,8 +46,8 @@ def main(argv=None):
     s.add_argument("--ray", metavar="auto|local|ADDRESS", help="run one Ray task per point on this cluster")
     s.add_argument("--table", choices=("csv", "parquet"), default="csv")
     s.add_argument("--timeout", type=int, default=1800, help="seconds per cell")
-    p = sub.add_parser("publish", help="build a static site from one run folder")
-    p.add_argument("run_dir", help="a run folder, e.g. outputs/gpu")
+    p = sub.add_parser("publish", help="build a static site from one run folder or one sweep folder")
+    p.add_argument("run_dir", help="a run folder (outputs/gpu) or a sweep's (one holding sweep.json)")
     p.add_argument("--out", help="site folder (default: RUN_DIR/site)")
     p.add_argument(
         "--check", action="store_true", help="open it in headless Chromium; screenshot the landing page"
@@ -140,9 +140,10 @@ def _sweep(args):
 
 
 def _publish(args):
-    from nblib.publish import site
+    from nblib.publish import site, sweep_site
 
-    built = site.build(args.run_dir, args.out)
+    build = sweep_site.build if sweep_site.is_sweep(args.run_dir) else site.build
+    built = build(args.run_dir, args.out)
     print(f"site: {built.root / 'index.html'} ({len(built.pages)} pages)")
     if args.check:
         from nblib.publish import browse

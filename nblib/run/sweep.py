@@ -254,15 +254,20 @@ def sweep(params, grid, out=None, workers=None, ray=None, table="csv", timeout=1
             outcomes += run_local(todo, g.notebooks, out, envs, timeout, bar)
     order = {p.id: i for i, p in enumerate(pts)}
     outcomes.sort(key=lambda o: order[o.point.id])
+    return (outcomes, *record(out, params, g, outcomes, table))
+
+
+def record(out, params, grid, outcomes, table="csv"):
+    """sweep.json (every point: values, status, worker, seconds), then the table and the figure;
+    returns their paths. `python -m nblib publish OUT` reads these three files."""
     write_json(
-        out / "sweep.json",
+        Path(out) / "sweep.json",
         dict(
             params=runindex.shown_path(params),
-            grid=dict(zip(g.keys, g.values)),
-            notebooks=g.notebooks,
+            grid=dict(zip(grid.keys, grid.values)),
+            notebooks=grid.notebooks,
             points=[{**o._asdict(), "point": o.point.id, "values": o.point.values} for o in outcomes],
         ),
     )
-    df = sweep_table.collect(out, g, [o.point for o in outcomes], {o.point.id: o for o in outcomes})
-    table_path, fig_path = sweep_table.save(df, g, out, table)
-    return outcomes, table_path, fig_path
+    df = sweep_table.collect(out, grid, [o.point for o in outcomes], {o.point.id: o for o in outcomes})
+    return sweep_table.save(df, grid, out, table)
