@@ -67,3 +67,49 @@ def test_clean_workload_no_divergence():
     r, _ = build.bucket_run(Runner(m, [1, 2]).capture(), CANARY_WORKLOAD, 2, [gd], seed=1)
     s = gd.summary()
     assert r["corrupted_sessions"] == 0 and s["comparisons"] == r["steps"] and s["diverged"] == 0
+
+
+def _full_width_metrics(g, e, k):
+    """The figures over every column of every row: what metrics must equal, whatever it skips."""
+    same = (g == e) | (torch.isnan(g) & torch.isnan(e))
+    diff = (g - e).abs()
+    diff = torch.where(same, torch.zeros_like(g), torch.where(torch.isnan(diff), float("inf"), diff))
+    row_max = diff.amax(1) if diff.numel() else diff.new_zeros(g.shape[0])
+    argmax = g.argmax(1) != e.argmax(1)
+    kg, ke = (gediff.kx.topk_indices(x.contiguous(), k).sort(1).values for x in (g, e))
+    topk = (kg != ke).any(1)
+    max_abs = float(row_max.max()) if row_max.numel() else 0.0
+    figures = dict(max_abs=max_abs, argmax_rows=int(argmax.sum()), topk_rows=int(topk.sum()))
+    return dict(**figures, diverged=bool(max_abs > 0 or argmax.any() or topk.any()))
+
+
+def _lost_races(gen, bs, width=8192):
+    """Eager rows of random lengths, -inf past them; graph rows clean, or with a lost race's garbage
+    across the whole row, a NaN or a finite value past the live entries, a changed logit."""
+    e = torch.full((bs, width), float("-inf"))
+    lens = torch.randint(0, width, (bs,), generator=gen)
+    for r in range(bs):
+        e[r, : lens[r]] = torch.randn(int(lens[r]), generator=gen)
+    g = e.clone()
+    for r, kind in enumerate(torch.randint(0, 6, (bs,), generator=gen).tolist()):
+        at = int(torch.randint(0, width, (), generator=gen))
+        if kind == 1:
+            g[r] = torch.randn(width, generator=gen)
+        elif kind in (2, 3):
+            g[r, at] = float("nan") if kind == 2 else 5.0
+        elif kind == 4 and lens[r] > 0:
+            g[r, 0] += 1e-3
+        elif kind == 5:
+            e[r, at] = float("nan")
+    return g, e
+
+
+def test_metrics_over_each_rows_live_prefix_equal_the_full_width_figures():
+    gen = torch.Generator().manual_seed(0)
+    seen = set()
+    for _ in range(80):
+        g, e = _lost_races(gen, int(torch.randint(0, 9, (), generator=gen)))
+        want = _full_width_metrics(g, e, 16)
+        assert gediff.metrics(g, e, 16) == want
+        seen.add(want["diverged"])
+    assert seen == {True, False}  # both kinds of case were compared

@@ -28,7 +28,7 @@ import torch
 
 from kernels import differential as kdiff
 from kernels import indexer as kx
-from nblib.backends.sim.fastops import live_columns
+from nblib.backends.sim.fastops import live_ends
 
 INPUTS = ("q", "head_w", "page_table", "seq_lens")
 
@@ -196,6 +196,20 @@ class GEDiff:
         )
 
 
+def _row_figures(g, e, k):
+    """Per row: the largest |g - e| (NaN as inf, equal entries 0, -inf == -inf), whether the
+    argmaxes differ, whether the top-k sets differ."""
+    same = (g == e) | (torch.isnan(g) & torch.isnan(e))
+    inf = torch.tensor(float("inf"))
+    diff = (g - e).abs()
+    diff = torch.where(same, torch.zeros_like(g), torch.where(torch.isnan(diff), inf, diff))
+    row_max = diff.amax(1) if diff.numel() else diff.new_zeros(g.shape[0])
+    argmax = g.argmax(1) != e.argmax(1)  # torch's argmax takes NaN as the largest
+    kg = kx.topk_indices(g.contiguous(), k).sort(1).values
+    ke = kx.topk_indices(e.contiguous(), k).sort(1).values
+    return row_max, argmax, (kg != ke).any(1)
+
+
 def metrics(graph, eager, k):
     """max_abs (NaN as inf, -inf == -inf), argmax and top-k set disagreement, counted in rows.
     CUDA: the fused Triton kernel (kernels.differential), one pass over rows that agree; else torch."""
@@ -215,19 +229,18 @@ def metrics(graph, eager, k):
             diverged=bool(max_abs > 0 or argmax_rows or topk_rows),
         )
     g, e = graph.float(), eager.float()
-    # past both tensors' live columns every entry is -inf in each (equal, never an argmax or a top-k
-    # pick that the contract keeps), so the figures come out the same from the live prefix alone
-    live = max(live_columns(g, k), live_columns(e, k))
-    g, e = g[:, :live], e[:, :live]
-    same = (g == e) | (torch.isnan(g) & torch.isnan(e))
-    inf = torch.tensor(float("inf"))
-    diff = (g - e).abs()
-    diff = torch.where(same, torch.zeros_like(g), torch.where(torch.isnan(diff), inf, diff))
-    row_max = diff.amax(1) if diff.numel() else diff.new_zeros(g.shape[0])
-    argmax = g.argmax(1) != e.argmax(1)  # torch's argmax takes NaN as the largest
-    kg = kx.topk_indices(g.contiguous(), k).sort(1).values
-    ke = kx.topk_indices(e.contiguous(), k).sort(1).values
-    topk = (kg != ke).any(1)
+    # past both rows' live columns every entry is -inf in each (equal, never an argmax or a top-k
+    # pick that the contract keeps), so each row's figures come out the same from its live prefix
+    # alone; rows are independent, so the rows that reach furthest (a lost race's garbage across
+    # the whole row) are measured at their width and the others at theirs
+    ends = torch.maximum(live_ends(g, k), live_ends(e, k))
+    widest = ends == ends.max() if len(ends) else ends.bool()
+    parts = []
+    for rows in (widest, ~widest):
+        if rows.any():
+            w = int(ends[rows].max())
+            parts.append(_row_figures(g[:, :w][rows], e[:, :w][rows], k))
+    row_max, argmax, topk = (torch.cat(p) for p in zip(*parts)) if parts else (torch.zeros(0),) * 3
     max_abs = float(row_max.max()) if row_max.numel() else 0.0
     return dict(
         max_abs=max_abs,

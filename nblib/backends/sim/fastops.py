@@ -35,6 +35,17 @@ def live_columns(x, k):
     return min(n, max(end, -(-k // CHUNK) * CHUNK))
 
 
+def live_ends(x, k):
+    """live_columns of each row of the 2-D float tensor x on its own (int64 [bs]): past it, that
+    row is all -inf. x.shape[1] for every row when that cannot be established cheaply."""
+    bs, n = x.shape
+    if not x.is_floating_point() or not x.is_contiguous() or n % CHUNK or bs == 0 or n <= CHUNK:
+        return torch.full((bs,), n, dtype=torch.int64)
+    live = x.view(bs, n // CHUNK, CHUNK).amax(-1) != NEG_INF  # NaN != -inf: a NaN's chunk is live
+    last = (live * torch.arange(1, n // CHUNK + 1)).amax(1)  # 1 + the last live chunk, 0 if none
+    return (last * CHUNK).clamp(min=min(n, -(-k // CHUNK) * CHUNK))
+
+
 def topk(x, k, dim=-1, largest=True, sorted=True):
     """torch.topk(x, k, dim, largest, sorted), over the live prefix of the last dimension when
     everything after it is -inf (largest only: the smallest of such a row are -inf)."""
