@@ -11,6 +11,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 import yaml
+from index_writers import write_records
 from PIL import Image
 from scipy.stats import fisher_exact
 
@@ -19,7 +20,7 @@ from nblib.core.paths import MEASURING
 from nblib.engine.model import LOGITS_POLICIES
 from nblib.instruments import audit_zoo
 from nblib.instruments.gediff import DESIGNS
-from nblib.publish import plots, runindex
+from nblib.publish import plots
 from nblib.run import suite
 from nblib.schema import params as P
 from nblib.studies import fix, reproduce
@@ -374,22 +375,13 @@ def test_lanes_ask_for_one_gpu_each_before_running(tmp_path, monkeypatch):
     assert suite._lane_gpus(type("Dev", (), {"name": "sim"})(), 2) == [None, None]
 
 
-def _write_records(out, names, barrier):
-    barrier.wait()  # both writers start together, after their imports
-    for n in names:
-        rec = dict(notebook=n, status="ok", html=f"{n}.html", error=None, seconds=1.0)
-        runindex.record(
-            out, dict(rec, verdict=None, backend="sim", device="sim", commit="c"), "params/ci.yaml"
-        )
-
-
 def test_lanes_writing_one_index_lose_no_record(tmp_path):
     import multiprocessing
 
     names = [[f"{lane}{i:03d}" for i in range(60)] for lane in "ab"]
     ctx = multiprocessing.get_context("spawn")
     barrier = ctx.Barrier(2)
-    procs = [ctx.Process(target=_write_records, args=(tmp_path, n, barrier)) for n in names]
+    procs = [ctx.Process(target=write_records, args=(tmp_path, n, barrier)) for n in names]
     for p in procs:
         p.start()
     for p in procs:
