@@ -3,15 +3,13 @@ resume, and the same sweep as Ray tasks on a local Ray the test starts. Points a
 notebook, the ci profile's shapes, a handful of sessions) so the whole module stays around a minute."""
 
 import json
-import subprocess
-import sys
 
 import pandas as pd
 import pytest
 import yaml
 
 from nblib.core import stats
-from nblib.run import sweep
+from nblib.run import cli, sweep
 from nblib.schema import params as P
 
 TINY = {
@@ -58,21 +56,18 @@ def test_a_bad_key_or_value_fails_in_one_line_before_anything_runs(tmp_path, pro
     assert not (tmp_path / "out").exists()
 
 
-def test_the_cli_says_what_is_wrong_in_one_line(tmp_path):
+def test_the_cli_says_what_is_wrong_in_one_line(tmp_path, capsys):
+    # in this process: `python -m nblib` is cli.main, and a string given to sys.exit is what the
+    # interpreter prints to stderr, alone, before it exits with status 1
     params = write(tmp_path, "p.yaml", TINY)
     grid = write(tmp_path, "g.yaml", {"notebook": "00", "grid": {"timing_replays": [5]}})
-    p = subprocess.run(
-        [sys.executable, "-m", "nblib", "sweep", "--params", str(params), "--grid", str(grid)],
-        capture_output=True,
-        text=True,
-        cwd=P.ROOT,
-        check=False,
-    )
-    assert p.returncode != 0
-    assert p.stderr.strip().splitlines() == [
+    with pytest.raises(SystemExit) as e:
+        cli.main(["sweep", "--params", str(params), "--grid", str(grid)])
+    assert isinstance(e.value.code, str) and e.value.code.splitlines() == [
         "error: grid key 'timing_replays' is not a parameter of 00_reproduce: choose among backend, "
         "buckets, index_dtypes, logits_policy, model, modes, overlaps, protocol_runs, seed, workload"
     ]
+    assert capsys.readouterr() == ("", "")
 
 
 def test_local_workers_run_retry_once_record_failures_and_resume(tmp_path):
