@@ -7,7 +7,6 @@ import importlib
 import json
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -192,22 +191,19 @@ def test_results_page_agrees_with_the_committed_results():
     assert not diff, "docs/results.md is stale: run python -m nblib results\n" + "\n".join(diff[:40])
 
 
-def test_results_check_exits_1_naming_the_lines_that_differ(tmp_path):
+def test_results_check_exits_1_naming_the_lines_that_differ(tmp_path, capsys):
     page = tmp_path / "results.md"
     lines = results_doc.DOC.read_text().splitlines()
     i = next(i for i, ln in enumerate(lines) if ln.startswith("> "))  # the first verdict
     lines[i] = "> a verdict nobody measured"
     page.write_text("\n".join(lines) + "\n")
-    run = subprocess.run(
-        [sys.executable, "-m", "nblib", "results", "--check", "--out", str(page)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=False,  # the exit code is what is tested
-    )
-    assert run.returncode == 1, run.stdout + run.stderr
-    assert "-> a verdict nobody measured" in run.stdout, run.stdout
-    assert "run python -m nblib results" in run.stderr
+    # cli.main is `python -m nblib`: a string given to sys.exit goes to stderr, with status 1
+    with pytest.raises(SystemExit) as e:
+        cli.main(["results", "--check", "--out", str(page)])
+    out = capsys.readouterr().out
+    assert isinstance(e.value.code, str), e.value.code
+    assert "-> a verdict nobody measured" in out, out
+    assert "run python -m nblib results" in e.value.code
 
 
 def test_results_page_refuses_a_commit_git_does_not_know():
