@@ -2,6 +2,8 @@
 key and its valid values; the notebooks' parameters cells agree with it, key by key."""
 
 import ast
+import subprocess
+import sys
 
 import papermill as pm
 import pytest
