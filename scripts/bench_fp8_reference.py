@@ -10,7 +10,7 @@ Prints the median milliseconds of each and their ratio; the two give the same bi
 import argparse
 import statistics
 import sys
-import time
+import timeit
 from pathlib import Path
 
 import torch
@@ -22,13 +22,8 @@ from kernels.paged import PAGE, fp8_page_bytes  # noqa: E402
 
 
 def median_ms(fn, repeat):
-    fn()
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
+    fn()  # warm: the first call pays for allocation and dispatch set-up
+    return 1e3 * statistics.median(timeit.repeat(fn, number=1, repeat=repeat))
 
 
 def main():
