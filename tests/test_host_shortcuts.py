@@ -99,5 +99,6 @@ def test_differential_figures_equal_the_whole_row_ones(monkeypatch):
         edit(e)
         got = gediff.metrics(g, e, 16)
         with monkeypatch.context() as mp:
-            mp.setattr(gediff, "live_columns", lambda x, k: x.shape[1])
+            # every row measured across every column
+            mp.setattr(gediff, "live_ends", lambda x, k: torch.full((len(x),), x.shape[1], dtype=torch.int64))
             assert got == gediff.metrics(g, e, 16)
