@@ -1,6 +1,8 @@
 """docs/results.md's sweep and suite-speed sections, from files written the way the sweep and the
 speed table write them."""
 
+import json
+
 import pandas as pd
 
 from nblib.publish import results_runs
@@ -22,6 +24,11 @@ def _sweep(root):
     df = pd.DataFrame(rows)
     df = df[cols + [c for c in df.columns if c not in cols]]
     df.to_csv(folder / "sweep.csv", index=False)
+    points = [dict(point=r["point"], status=r["status"], worker=r["worker"],
+                   values=dict(seed=0, logits_policy=r["logits_policy"])) for r in rows]  # fmt: skip
+    record = dict(params="params/gpu.yaml", grid=dict(seed=[0], logits_policy=["transient", "persistent"]),
+                  notebooks=["00_reproduce"], points=points)  # fmt: skip
+    (folder / "sweep.json").write_text(json.dumps(record))
 
 
 def test_a_sweep_reads_as_its_knobs_its_limits_and_a_row_per_point(tmp_path):
@@ -32,9 +39,9 @@ def test_a_sweep_reads_as_its_knobs_its_limits_and_a_row_per_point(tmp_path):
     assert "cannot test: the eager clean check (the rate, not the verdict)" in block.title
     lines = block.body.splitlines()
     assert lines[2] == (
-        "| 00aa | seed 0, logits_policy transient | bf16 graph overlap on | 27/160 | [11.9%, 23.4%] | GPU 0 |"
+        "| 00aa | seed 0, logits_policy transient | bf16 graph overlap on | 27/160 [11.9%, 23.4%] | GPU 0 |"
     )
-    assert lines[3].startswith("| 00bb | seed 0, logits_policy persistent |") and "| failed | - |" in lines[3]
+    assert lines[3] == "| 00bb | seed 0, logits_policy persistent | - | failed | GPU 1 |"
 
 
 def test_a_speed_table_of_some_notebooks_says_what_its_ratio_covers(tmp_path):

@@ -14,11 +14,10 @@ import os
 import re
 from pathlib import Path
 
-from pydantic import BaseModel
-
 from nblib.core import results, tables
 from nblib.core.files import write_json, write_text
 from nblib.core.paths import ROOT
+from nblib.schema.speed import NotebookSpeed, SpeedTable
 
 BENCH_DIR = ROOT / "outputs" / "bench-suite"
 SHOWN = (
@@ -32,32 +31,6 @@ SHOWN = (
     "nbconvert",
     "other",
 )
-
-
-class NotebookSpeed(BaseModel):
-    notebook: str
-    status: str
-    seconds: float  # the suite's wall time for the notebook: kernel start to HTML
-    cpu_seconds: float  # the kernel's CPU time over its phases (nbconvert's in the suite's process)
-    phases: dict[str, float]  # phase -> wall seconds
-    ratio: float | None = None  # seconds over the previous table's, same notebook
-
-
-class SpeedTable(BaseModel):
-    machine: str
-    commit: str
-    profile: str
-    total_seconds: float
-    notebooks: list[NotebookSpeed]
-    previous: str | None = None  # the folder of the table compared with
-    total_ratio: float | None = None
-    # the suite's own wall time, start to last notebook (below total_seconds when lanes overlap)
-    wall_seconds: float | None = None
-    lanes: int = 1
-    wall_ratio: float | None = None  # wall_seconds over the previous table's (or its total)
-    # the notebooks the ratios cover, when the two tables do not list the same ones (a run with --only):
-    # totals over different notebooks are no regression, so the total compares these alone
-    compared: list[str] | None = None
 
 
 def machine_label(backend):
