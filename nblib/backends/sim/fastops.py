@@ -23,21 +23,17 @@ NEG_INF = float("-inf")
 
 def live_columns(x, k):
     """The smallest multiple of CHUNK (at least k) past which every entry of the 2-D float tensor
-    x is -inf; x.shape[1] when that cannot be established cheaply (odd widths, other dtypes)."""
-    if x.dim() != 2 or not x.is_floating_point() or not x.is_contiguous() or x.shape[1] % CHUNK:
-        return x.shape[1]
-    bs, n = x.shape
-    if bs == 0 or n <= CHUNK:
-        return n
-    # amax propagates NaN, and NaN != -inf: a chunk holding a NaN counts as live
-    live = (x.view(bs, n // CHUNK, CHUNK).amax(-1) != NEG_INF).any(0).nonzero()
-    end = (int(live[-1]) + 1) * CHUNK if len(live) else 0
-    return min(n, max(end, -(-k // CHUNK) * CHUNK))
+    x is -inf: the widest row's live_ends; x.shape[1] when that cannot be established cheaply (odd
+    widths, other dtypes)."""
+    if x.dim() != 2 or x.shape[0] == 0:
+        return x.shape[-1]
+    return int(live_ends(x, k).max())
 
 
 def live_ends(x, k):
-    """live_columns of each row of the 2-D float tensor x on its own (int64 [bs]): past it, that
-    row is all -inf. x.shape[1] for every row when that cannot be established cheaply."""
+    """Per row of the 2-D float tensor x (int64 [bs]): the smallest multiple of CHUNK (at least k)
+    past which that row is all -inf; x.shape[1] for every row when that cannot be established
+    cheaply."""
     bs, n = x.shape
     if not x.is_floating_point() or not x.is_contiguous() or n % CHUNK or bs == 0 or n <= CHUNK:
         return torch.full((bs,), n, dtype=torch.int64)
