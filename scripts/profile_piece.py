@@ -12,6 +12,8 @@ Pieces (parts of notebook 00's matrix and its replays, each small enough to prof
              captured under the recorder, the report, the graphs read back and cross-checked, then
              the zoo of planted races
   setup      building the model (weights and caches) --replays times
+  matrix     notebook 00's study whole: the corruption matrix with the protocol's runs on the
+             configurations it checks (the phase table of the run is written above the profile)
 Writes <out>/<piece>.txt: wall and CPU seconds, then the top functions by cumulative and by own
 time. Runs on any checkout of the project (it uses only the studies' public functions), so the
 same piece can be profiled on two commits and the files compared.
@@ -92,12 +94,29 @@ def piece_setup(dev, profile, args):
         build.model(dev, profile["model"], index_dtype="bf16", overlap="on")
 
 
+def piece_matrix(dev, profile, args):
+    from nblib.core import phases
+    from nblib.studies import reproduce
+
+    clock = phases.start(sync=dev.synchronize)
+    w = {**profile["workload"], "seed": profile.get("seed", 0)}
+    checks = []
+    reproduce.corruption_matrix(
+        dev, profile["model"], profile["buckets"], w, profile["index_dtypes"], profile["modes"],
+        profile["overlaps"], profile.get("logits_policy", "transient"), progress=None,
+        protocol_seeds=protocol.seeds(profile.get("seed", 0), profile["protocol_runs"]), protocols=checks,
+    )  # fmt: skip
+    wall = clock.wall()
+    return [phases.table(clock.times(wall), wall) + "\n"]
+
+
 PIECES = {
     "protocol": piece_protocol,
     "bucket1": piece_bucket1,
     "replays": piece_replays,
     "audit": piece_audit,
     "setup": piece_setup,
+    "matrix": piece_matrix,
 }
 
 
