@@ -349,6 +349,26 @@ def test_models_of_the_same_shapes_share_one_weight_set_and_its_digest():
     assert references.weights_digest(fresh) == references.weights_digest(DecodeModel(again, dev))
 
 
+def test_a_weight_folder_hands_a_drawn_set_to_the_next_process(tmp_path, monkeypatch):
+    from nblib.engine import model as engine
+
+    dev = device.get("sim")
+    shapes = dict(heads=2, dim=16, topk=4, max_ctx=256, d_model=32, ffn=64, num_pages=16, vocab=32)
+    monkeypatch.setattr(engine, "_WEIGHT_SETS", engine.OrderedDict())
+    monkeypatch.setattr(engine, "WEIGHT_FOLDER", [None])
+    engine.keep_weights_in(tmp_path)
+    drawn = engine.DecodeModel(ModelConfig(**shapes), dev).weight_set.tensors
+    assert len(list(tmp_path.glob("weights-*.pt"))) == 1
+    engine._WEIGHT_SETS.clear()  # as in the next notebook's process
+    monkeypatch.setattr(engine, "_draw_weights", lambda cfg, d: pytest.fail("drew a set the folder held"))
+    read = engine.DecodeModel(ModelConfig(**shapes, overlap="off"), dev).weight_set.tensors
+    assert read.keys() == drawn.keys()
+    assert all(torch.equal(read[k], drawn[k]) for k in drawn if k != "w_trunk")
+    assert all(torch.equal(a, b) for a, b in zip(read["w_trunk"], drawn["w_trunk"]))
+    with pytest.raises(pytest.fail.Exception, match="drew"):  # another seed is another file
+        engine.DecodeModel(ModelConfig(**shapes, seed=1), dev)
+
+
 def test_step_inputs_stay_themselves_on_the_cpu():
     from nblib.engine.workload import to_device
 

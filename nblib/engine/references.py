@@ -58,7 +58,8 @@ def digest(args):
     for arg in args:
         t = arg.detach().cpu().contiguous()
         h.update(str((t.dtype, tuple(t.shape))).encode())
-        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        if t.numel():
+            h.update(t.view(-1).view(torch.uint8).numpy())  # the bytes in place, not a copy
     return h.digest()
 
 
@@ -72,13 +73,23 @@ def live_inputs(args):
     return tokens, table[:, :live], seq_lens, slots
 
 
+# values of each weight the digest reads: a different draw (another seed or shape, another torch's
+# generator) differs in its first values, and reading 800 MB of H200-profile weights back to hash
+# them all cost each notebook seconds
+WEIGHT_SAMPLE = 4096
+
+
 def weights_digest(model):
     """A digest of the model's weights, computed once per weight set (weights never change after
     they are drawn, and models of the same shapes and seed share one set: DecodeModel.weight_set;
-    the caches do change, and their live entries follow from the workload)."""
+    the caches do change, and their live entries follow from the workload): each weight's shape,
+    dtype and first WEIGHT_SAMPLE values."""
     ws = model.weight_set
     if ws.digest is None:
-        ws.digest = digest([t for v in ws.tensors.values() for t in (v if isinstance(v, list) else [v])])
+        every = [t for v in ws.tensors.values() for t in (v if isinstance(v, list) else [v])]
+        ws.digest = digest(
+            [t.reshape(-1)[:WEIGHT_SAMPLE] for t in every] + [torch.tensor(t.shape) for t in every]
+        )
     return ws.digest
 
 

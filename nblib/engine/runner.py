@@ -67,6 +67,7 @@ class Runner:
         self.buckets = check_buckets(buckets)
         self.max_pages = model.cfg.max_ctx // PAGE
         self.static = {b: StaticBatch(b, self.max_pages, self.dev.torch_device) for b in self.buckets}
+        self._reference_static = {}  # bucket -> the eager reference's input buffers (Runner.reference)
         self.graphs = {}
         self.references = references
 
@@ -117,7 +118,9 @@ class Runner:
     def reference(self, tokens, page_table, seq_lens, store_slots):
         """The eager single-stream step on the same padded batch: what every step must equal."""
         b = bucket_for(len(tokens), self.buckets)
-        st = StaticBatch(b, self.max_pages, self.dev.torch_device)
+        st = self._reference_static.get(b)
+        if st is None:  # the reference's own buffers, apart from the graph's: fill rewrites every entry
+            st = self._reference_static[b] = StaticBatch(b, self.max_pages, self.dev.torch_device)
         st.fill(tokens, page_table, seq_lens, store_slots)
         out, topk = self.model.step(*st.args())
         return out[: len(tokens)], topk[: len(tokens)]

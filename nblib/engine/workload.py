@@ -89,7 +89,7 @@ def _grow(model, pool, tables, s, n, gen):
     n = max(0, min(n, cap - s.c4_len))
     _take_pages(pool, tables, s, -(-(s.c4_len + n) // PAGE) - len(s.pages))
     if n:
-        model.prefill_entries(s.slots(s.c4_len, s.c4_len + n).to(model.dev.torch_device), gen)
+        model.prefill_entries(to_device(s.slots(s.c4_len, s.c4_len + n), model.dev.torch_device), gen)
     s.c4_len += n
 
 

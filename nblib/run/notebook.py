@@ -17,6 +17,7 @@ from nblib.backends import device
 from nblib.core import phases
 from nblib.core.results import Results
 from nblib.engine import references
+from nblib.engine.model import keep_weights_in
 from nblib.schema import params, results
 
 
@@ -46,8 +47,9 @@ def setup(notebook, namespace, fixed=None):
     dropped = _drop_unsupported_dtypes(dev, applied, namespace)
     # the run folder's notebooks share their eager reference steps (the suite's 01-04 decode the
     # workloads 00 decoded), kept by the source that computed them
-    shared = references.shared()
-    shared.attach(Path(applied["output_dir"]) / ".references" / references.source_digest())
+    store = Path(applied["output_dir"]) / ".references" / references.source_digest()
+    references.shared().attach(store)
+    keep_weights_in(store)  # and their weights, drawn once (the draw costs seconds on the H200)
     res = Results(notebook, applied["output_dir"], dev, applied, fixed, check=results.validate)
     if dropped:
         res["dropped"] = dropped
