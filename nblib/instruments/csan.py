@@ -24,6 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from nblib.backends import device
 from nblib.core.paths import ROOT
+from nblib.engine.model import WEIGHT_FOLDER
 
 
 def sanitize(model, buckets, index_dtype="bf16", overlap="on", logits_policy="transient", timeout=600):
@@ -36,6 +37,7 @@ def sanitize(model, buckets, index_dtype="bf16", overlap="on", logits_policy="tr
         index_dtype=index_dtype,
         overlap=overlap,
         logits_policy=logits_policy,
+        weights=str(WEIGHT_FOLDER[0]) if WEIGHT_FOLDER[0] else None,  # the run folder's drawn set
     )
     root = str(ROOT)
     env = {
@@ -112,9 +114,10 @@ def _child(spec):
     # the same sanitizer at `import torch`, but its error class has no public name
     from torch.cuda._sanitizer import CUDASanitizerErrors, enable_cuda_sanitizer
 
-    from nblib.engine.model import DecodeModel, ModelConfig
+    from nblib.engine.model import DecodeModel, ModelConfig, keep_weights_in
     from nblib.engine.runner import Runner
 
+    keep_weights_in(spec.pop("weights", None))
     enable_cuda_sanitizer()
     out = dict(spec, errors=[], raised_at=None, captured=[], control=_control())
     torch.cuda.synchronize()
