@@ -90,6 +90,24 @@ def test_speed_table_compares_with_the_previous_table_of_the_machine(tmp_path):
     assert "2.50x" in md and "| 00_reproduce | ok | 25.0 |" in md
 
 
+def test_the_previous_table_is_the_newest_by_its_record_not_by_its_file(tmp_path):
+    """A fresh clone gives every file the checkout's time: the table's own record decides."""
+    first, _ = benchtable.build(_records(10.0), "sim", "params/ci.yaml", tmp_path)
+    for name, when, seconds in (
+        ("newer", "2026-12-02T01:00:00+00:00", 30.0),
+        ("older", "2026-12-01T01:00:00+00:00", 5.0),
+    ):
+        t = first.model_copy(update=dict(written=when))
+        t.notebooks = [r.model_copy(update=dict(seconds=seconds)) for r in t.notebooks]
+        (tmp_path / f"{first.machine}-{name}").mkdir()
+        (tmp_path / f"{first.machine}-{name}" / "speed.json").write_text(
+            t.model_dump_json()
+        )  # older written last
+    table, _ = benchtable.build(_records(15.0), "sim", "params/ci.yaml", tmp_path)
+    assert table.previous == f"{first.machine}-newer" and table.notebooks[0].ratio == 0.5
+    assert table.written is not None
+
+
 def test_speed_table_compares_only_with_a_table_of_the_same_profile(tmp_path):
     """A sim-profile run is not a regression of a ci-profile run on the same machine."""
     ci, ci_folder = benchtable.write(_records(10.0), "sim", "params/ci.yaml", tmp_path)

@@ -7,11 +7,14 @@ previous table of the same machine, so a regression shows as a ratio.
 The phases come from each notebook's results.json (nblib.core.phases: setup, capture, replays,
 eager references, instruments, audit, timing, figures, other) and the suite's own nbconvert time;
 every figure is measured by the run, none is carried over. "previous" is the newest other table
-of the same machine label under outputs/bench-suite/.
+of the same machine label under outputs/bench-suite/: by the time the table records, else the time
+git committed it (a fresh clone's files all carry the checkout's time), else the file's.
 """
 
 import os
 import re
+import subprocess
+from datetime import UTC, datetime
 from pathlib import Path
 
 from nblib.core import results, tables
@@ -65,16 +68,39 @@ def previous_table(machine, here, root=BENCH_DIR, profile=None):
     """The newest speed.json of `machine` under root, other than the folder `here`, and of the same
     profile when one is given (a ci run beside a sim run is no regression, only a smaller job)."""
     found = [
-        p
+        (SpeedTable.model_validate_json(p.read_text()), p)
         for p in Path(root).glob(f"{machine}-*/speed.json")
-        if p.parent.resolve() != Path(here).resolve()
-        and p.parent.name.startswith(f"{machine}-")
-        and (profile is None or SpeedTable.model_validate_json(p.read_text()).profile == profile)
+        if p.parent.resolve() != Path(here).resolve() and p.parent.name.startswith(f"{machine}-")
     ]
+    found = [(t, p) for t, p in found if profile is None or t.profile == profile]
     if not found:
         return None
-    newest = max(found, key=lambda p: p.stat().st_mtime)
-    return SpeedTable.model_validate_json(newest.read_text()), newest.parent
+    table, newest = max(found, key=lambda tp: _written(*tp))
+    return table, newest.parent
+
+
+def _written(table, path):
+    """When `table` was written: its own record, else git's commit time of the file, else the
+    file's mtime (the last two for tables written before the record existed)."""
+    when = table.written or _committed(path)
+    if when:
+        return datetime.fromisoformat(when).astimezone(UTC).timestamp()
+    return path.stat().st_mtime
+
+
+def _committed(path):
+    try:
+        out = subprocess.run(
+            ["git", "log", "-1", "--format=%cI", "--", path.name],
+            cwd=path.parent,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+    except OSError:
+        return None
+    return out.stdout.strip() or None
 
 
 def build(records, backend, profile, root=BENCH_DIR, wall_seconds=None, lanes=1):
@@ -91,6 +117,7 @@ def build(records, backend, profile, root=BENCH_DIR, wall_seconds=None, lanes=1)
         notebooks=rows,
         wall_seconds=round(wall_seconds, 1) if wall_seconds is not None else None,
         lanes=lanes,
+        written=datetime.now(UTC).isoformat(timespec="seconds"),
     )
     prev = previous_table(machine, folder, root, profile)
     if prev is not None:

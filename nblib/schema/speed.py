@@ -28,3 +28,4 @@ class SpeedTable(BaseModel):
     # the notebooks the ratios cover, when the two tables do not list the same ones (a run with --only):
     # totals over different notebooks are no regression, so the total compares these alone
     compared: list[str] | None = None
+    written: str | None = None  # when the run wrote it (UTC, ISO 8601): which table is newest
