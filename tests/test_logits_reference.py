@@ -108,3 +108,14 @@ def test_the_e4m3_table_gives_the_bits_of_torchs_conversion_for_every_byte(dtype
     assert got.dtype == dtype and got.shape == pages.shape
     bits = {torch.bfloat16: torch.int16, torch.float32: torch.int32, torch.float64: torch.int64}[dtype]
     assert torch.equal(got.view(bits), want.view(bits))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_the_e4m3_pair_table_gives_torchs_bits_for_every_pair_of_bytes_and_odd_counts(dtype):
+    i = torch.arange(65536)
+    pairs = torch.stack([i & 0xFF, i >> 8], dim=1).to(torch.uint8)  # every (first, second) byte pair
+    bits = {torch.bfloat16: torch.int16, torch.float32: torch.int32}[dtype]
+    for raw in (pairs, pairs.view(-1)[1:-2], pairs.view(-1)[1:-1]):  # pairs, an odd count, an odd offset
+        want = raw.view(torch.float8_e4m3fn).to(dtype)
+        got = lg.e4m3_to(raw, dtype)
+        assert got.shape == raw.shape and torch.equal(got.view(bits), want.view(bits))
