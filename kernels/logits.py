@@ -28,6 +28,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from kernels import args as A
+from kernels.e4m3 import e4m3_to
 from kernels.launch import Launch, num_sms, require, run, target_for, target_of
 from kernels.logits_configs import CONFIGS, K_LOADS, as_config, config_for
 from kernels.paged import (
@@ -90,48 +91,6 @@ def ref_logits_bf16(q, w, kcache, page_table, seq_lens, max_len):
     k = _gather_pages(kcache, page_table, seq_lens, n).view(bs, n, d)
     logits = _ref_head_sum(q.to(k.dtype), k, w)
     return pad_logits(_mask_(logits, seq_lens), max_len)
-
-
-_E4M3_TABLES = {}
-_E4M3_PAIR_TABLES = {}
-_PAIR_WORD = {2: torch.int32, 4: torch.int64}  # a pair of converted values, as one word to gather
-
-
-def e4m3_to(raw, dtype):
-    """uint8 bytes holding e4m3 values -> dtype, the same values as .view(float8_e4m3fn).to(dtype).
-    On the CPU through tables (index_select), the simulator's largest single cost: torch's
-    element-by-element fp8 conversion takes about 5x the time of a table of the 65,536 byte
-    pairs, each pair's two converted values gathered as one word (half the indices, half the
-    index casts); a byte table where the bytes cannot be read as pairs."""
-    if raw.device.type != "cpu":
-        return raw.view(torch.float8_e4m3fn).to(dtype)
-    flat = raw.reshape(-1)
-    word = _PAIR_WORD.get(torch.empty((), dtype=dtype).element_size())
-    if word is None or flat.numel() % 2 or flat.storage_offset() % 2:
-        return _e4m3_table(dtype).index_select(0, flat.int()).view(raw.shape)
-    pairs = _e4m3_pair_table(dtype, word)
-    index = flat.view(torch.int16).int() & 0xFFFF  # the two bytes as one index, little-endian
-    return pairs.index_select(0, index).view(dtype).view(raw.shape)
-
-
-def _e4m3_table(dtype):
-    table = _E4M3_TABLES.get(dtype)
-    if table is None:
-        every = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(torch.float8_e4m3fn)
-        table = _E4M3_TABLES[dtype] = every.to(dtype)
-    return table
-
-
-def _e4m3_pair_table(dtype, word):
-    """[65536] words: entry lo | hi << 8 holds (value of byte lo, value of byte hi) in memory
-    order, as the int16 view of two little-endian bytes reads them."""
-    pairs = _E4M3_PAIR_TABLES.get(dtype)
-    if pairs is None:
-        one = _e4m3_table(dtype)
-        i = torch.arange(65536)
-        both = torch.stack([one[i & 0xFF], one[i >> 8]], dim=1).contiguous()
-        pairs = _E4M3_PAIR_TABLES[dtype] = both.view(word).view(-1)
-    return pairs
 
 
 def ref_logits_fp8(q, w, pages, page_table, seq_lens, max_len, compute_dtype=torch.bfloat16):

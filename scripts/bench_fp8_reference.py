@@ -1,4 +1,4 @@
-"""The simulator's fp8 conversion (kernels.logits.e4m3_to: a table of the 65,536 byte pairs) against
+"""The simulator's fp8 conversion (kernels.e4m3.e4m3_to: a table of the 65,536 byte pairs) against
 its 256-entry byte table and torch's own (.view(float8_e4m3fn).to(bf16)), on the value bytes
 ref_logits_fp8 gathers (bs requests of --pages pages), on one CPU thread as the simulator runs:
 
@@ -19,16 +19,16 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kernels import logits as lg  # noqa: E402
+from kernels import e4m3  # noqa: E402
 from kernels.paged import PAGE, fp8_page_bytes  # noqa: E402
 
 
 def byte_table(raw):
-    return lg._e4m3_table(torch.bfloat16).index_select(0, raw.reshape(-1).int()).view(raw.shape)
+    return e4m3._e4m3_table(torch.bfloat16).index_select(0, raw.reshape(-1).int()).view(raw.shape)
 
 
 WAYS = {
-    "pair table": lambda raw: lg.e4m3_to(raw, torch.bfloat16),
+    "pair table": lambda raw: e4m3.e4m3_to(raw, torch.bfloat16),
     "byte table": byte_table,
     "torch": lambda raw: raw.view(torch.float8_e4m3fn).to(torch.bfloat16),
 }

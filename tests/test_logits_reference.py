@@ -10,6 +10,7 @@ import functools
 import pytest
 import torch
 
+from kernels import e4m3
 from kernels import logits as lg
 from kernels.paged import PAGE, live_len, pad_logits, quantize_fp8_pages
 
@@ -104,7 +105,7 @@ def test_the_e4m3_table_gives_the_bits_of_torchs_conversion_for_every_byte(dtype
     every = torch.arange(256, dtype=torch.int32).to(torch.uint8)
     pages = every.repeat(3, 2)[:, 1:-3]  # a strided slice, as of the gathered pages' value bytes
     want = pages.view(torch.float8_e4m3fn).to(dtype)
-    got = lg.e4m3_to(pages, dtype)
+    got = e4m3.e4m3_to(pages, dtype)
     assert got.dtype == dtype and got.shape == pages.shape
     bits = {torch.bfloat16: torch.int16, torch.float32: torch.int32, torch.float64: torch.int64}[dtype]
     assert torch.equal(got.view(bits), want.view(bits))
@@ -117,5 +118,5 @@ def test_the_e4m3_pair_table_gives_torchs_bits_for_every_pair_of_bytes_and_odd_c
     bits = {torch.bfloat16: torch.int16, torch.float32: torch.int32}[dtype]
     for raw in (pairs, pairs.view(-1)[1:-2], pairs.view(-1)[1:-1]):  # pairs, an odd count, an odd offset
         want = raw.view(torch.float8_e4m3fn).to(dtype)
-        got = lg.e4m3_to(raw, dtype)
+        got = e4m3.e4m3_to(raw, dtype)
         assert got.shape == raw.shape and torch.equal(got.view(bits), want.view(bits))
