@@ -14,9 +14,10 @@ _PAIR_WORD = {2: torch.int32, 4: torch.int64}  # a pair of converted values, as 
 def e4m3_to(raw, dtype):
     """uint8 bytes holding e4m3 values -> dtype, the same values as .view(float8_e4m3fn).to(dtype).
     On the CPU through tables (index_select), the simulator's largest single cost: torch's
-    element-by-element fp8 conversion takes about 5x the time of a table of the 65,536 byte
-    pairs, each pair's two converted values gathered as one word (half the indices, half the
-    index casts); a byte table where the bytes cannot be read as pairs."""
+    element-by-element fp8 conversion takes 4-6x the time of a table of the 65,536 byte pairs,
+    each pair's two converted values gathered as one word (half the indices and index casts of a
+    byte table, 1.1-1.4x faster: scripts/bench_fp8_reference.py); the byte table where the bytes
+    cannot be read as pairs (an odd count or offset, a dtype wider than 4 bytes)."""
     if raw.device.type != "cpu":
         return raw.view(torch.float8_e4m3fn).to(dtype)
     flat = raw.reshape(-1)
