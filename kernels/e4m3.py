@@ -21,7 +21,7 @@ def e4m3_to(raw, dtype):
     if raw.device.type != "cpu":
         return raw.view(torch.float8_e4m3fn).to(dtype)
     flat = raw.reshape(-1)
-    word = _PAIR_WORD.get(torch.empty((), dtype=dtype).element_size())
+    word = _PAIR_WORD.get(dtype.itemsize)
     if word is None or flat.numel() % 2 or flat.storage_offset() % 2:
         return _e4m3_table(dtype).index_select(0, flat.int()).view(raw.shape)
     pairs = _e4m3_pair_table(dtype, word)

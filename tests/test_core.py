@@ -23,6 +23,18 @@ def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path, monkeypat
     assert [p.name for p in tmp_path.iterdir()] == ["r.json"]
 
 
+def test_a_writer_that_fails_midway_leaves_the_old_file_and_no_temporary(tmp_path):
+    path = files.write_with(tmp_path / "steps.pt", lambda f: f.write(b"whole"))
+
+    def half(f):
+        f.write(b"ha")
+        raise RuntimeError("the save failed")
+
+    with pytest.raises(RuntimeError, match="the save failed"):
+        files.write_with(path, half)
+    assert path.read_bytes() == b"whole" and [p.name for p in tmp_path.iterdir()] == ["steps.pt"]
+
+
 def _git(cwd, *args):
     return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True).stdout.strip()
 

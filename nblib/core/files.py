@@ -14,12 +14,18 @@ from pathlib import Path
 
 def write_bytes(path, data):
     """Write `data` to `path` atomically; returns the path."""
+    return write_with(path, lambda f: f.write(data))
+
+
+def write_with(path, write):
+    """Atomically, what write(f) writes into the binary file object f (torch.save(obj, f), say,
+    with no copy of the bytes in memory first); returns the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            write(f)
         os.chmod(tmp, 0o644)  # mkstemp makes 0600; results are for everyone to read
         os.replace(tmp, path)
     except BaseException:

@@ -30,9 +30,9 @@ Knobs, as in the real engine:
                 block while the capture lasts.
 """
 
+import functools
 import hashlib
 import math
-import os
 from collections import OrderedDict
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -42,6 +42,7 @@ import torch.nn.functional as F
 
 from kernels import indexer as kx
 from nblib.backends.sim.fastops import live_columns
+from nblib.core import files
 from nblib.engine.buffers import PersistentBuffers
 
 INDEX_DTYPES = ("bf16", "fp8")
@@ -127,6 +128,11 @@ def keep_weights_in(folder):
     WEIGHT_FOLDER[0] = Path(folder) if folder else None
 
 
+def weights_kept_in():
+    """The folder drawn weight sets are kept in (None: memory only)."""
+    return WEIGHT_FOLDER[0]
+
+
 def weight_set(cfg, dev):
     """The WeightSet for cfg's shapes and seed on dev's device, drawn on first use (or read from
     the file a process of the same run folder wrote: keep_weights_in)."""
@@ -147,7 +153,7 @@ def weight_set(cfg, dev):
 def _stored_weights(key, cfg, d):
     """The set from the weight folder's file for `key` when it holds one written for the same key,
     else drawn (and written there, atomically, for the run folder's next process)."""
-    folder = WEIGHT_FOLDER[0]
+    folder = weights_kept_in()
     if folder is None:
         return _draw_weights(cfg, d)
     name = repr((key[0], key[1]))  # the device index is not the weights' business
@@ -157,10 +163,7 @@ def _stored_weights(key, cfg, d):
         if data.get("key") == name:  # a digest collision never hands over another set
             return data["tensors"]
     out = _draw_weights(cfg, d)
-    folder.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    torch.save(dict(key=name, tensors=out), tmp)
-    os.replace(tmp, path)  # atomic: a reader sees no file or the whole one
+    files.write_with(path, functools.partial(torch.save, dict(key=name, tensors=out)))  # whole, or none
     return out
 
 

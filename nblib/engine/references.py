@@ -28,13 +28,14 @@ the groups that gained steps when it ends. The folder is named by a digest of th
 """
 
 import dataclasses
+import functools
 import hashlib
-import os
 from pathlib import Path
 from typing import NamedTuple
 
 import torch
 
+from nblib.core import files
 from nblib.core.paths import NBLIB, ROOT
 from nblib.engine.model import PAGE
 
@@ -139,14 +140,11 @@ class References:
         if self.folder is None:
             self._fresh.clear()
             return
-        self.folder.mkdir(parents=True, exist_ok=True)
         for group in sorted(self._fresh, key=repr):
-            steps = self._groups[group]
-            path = self._file(group)
-            data = {k: (r.out.cpu(), r.topk.cpu()) for k, r in steps.items()}
-            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-            torch.save(dict(group=repr(group), steps=data), tmp)
-            os.replace(tmp, path)  # atomic: another reader sees the old file or the new one
+            steps = {k: (r.out.cpu(), r.topk.cpu()) for k, r in self._groups[group].items()}
+            payload = dict(group=repr(group), steps=steps)
+            # atomic: another reader sees the old file or the new one
+            files.write_with(self._file(group), functools.partial(torch.save, payload))
         self._fresh.clear()
 
     def _file(self, group):

@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from nblib.backends import device
 from nblib.core.paths import ROOT
-from nblib.engine.model import WEIGHT_FOLDER
+from nblib.engine.model import weights_kept_in
 
 
 def sanitize(model, buckets, index_dtype="bf16", overlap="on", logits_policy="transient", timeout=600):
@@ -37,7 +37,7 @@ def sanitize(model, buckets, index_dtype="bf16", overlap="on", logits_policy="tr
         index_dtype=index_dtype,
         overlap=overlap,
         logits_policy=logits_policy,
-        weights=str(WEIGHT_FOLDER[0]) if WEIGHT_FOLDER[0] else None,  # the run folder's drawn set
+        weights=str(weights_kept_in() or "") or None,  # the run folder's drawn set
     )
     root = str(ROOT)
     env = {
