@@ -25,6 +25,7 @@ from tqdm.auto import tqdm
 
 from nblib.core.paths import NOTEBOOK_DIR, NOTEBOOKS, ROOT
 from nblib.publish import runindex
+from nblib.run import warm as warm_kernel
 from nblib.schema import params as P
 
 # 03 reuses 00's replays (same commit and parameters), so they share a lane; 05 reads every result
@@ -115,49 +116,76 @@ def _stop_on_sigterm():
 def _run_each(notebooks, profile, params_path, out, timeout):
     records = None
     bar = tqdm(notebooks, desc="suite", unit="nb")
-    for name in bar:
-        bar.set_postfix_str(name)
-        dest = out / f"{name}.ipynb"
-        rec = dict(notebook=name, status="failed", html=f"{name}.html", error=None)
-        t0 = time.perf_counter()
-        # each notebook gets the keys it declares, defaults applied, so results.json records them
-        values = {k: v for k, v in profile.items() if k in P.DECLARES[name]}
-        try:
-            pm.execute_notebook(
-                str(NOTEBOOK_DIR / f"{name}.ipynb"),
-                str(dest),
-                parameters={**values, "output_dir": str(out)},
-                cwd=str(ROOT),
-                progress_bar=False,
-                execution_timeout=timeout,
-                kernel_name="python3",
-            )
-        except Exception as e:  # papermill raises PapermillExecutionError with the cell
-            rec["error"] = _describe(e)
-        except Stopped as e:
-            rec["error"] = str(e)
-        res = _results(out, name)
-        if rec["error"] is None and res.get("status") != "ok":
-            rec["error"] = f"results.json says status {res.get('status')!r}: the notebook did not finish"
-        rec.update(
-            status="ok" if rec["error"] is None else "failed",
-            seconds=round(time.perf_counter() - t0, 1),
-            verdict=res.get("verdict"),
-            backend=res.get("backend"),
-            device=res.get("device"),
-            commit=res.get("commit"),
-            wall_seconds=res.get("wall_seconds"),  # setup to finish, inside the kernel
-            phases=res.get("phases") or [],
-        )
-        if dest.exists():
-            rec["phases"] = rec["phases"] + [runindex.render_html(dest, out / rec["html"]).model_dump()]
-        records = runindex.record(out, rec, runindex.shown_path(params_path))
-        if rec["status"] != "ok":
-            bar.close()
-            raise SystemExit(
-                f"{name} failed: {rec['error']}\n(executed copy: {dest}; earlier results kept in {out})"
-            )
+    warm = _warm(notebooks[0]) if notebooks else None
+    try:
+        for i, name in enumerate(bar):
+            bar.set_postfix_str(name)
+            kernel = warm
+            # the next notebook's kernel starts and imports while this one runs (nblib.run.warm)
+            warm = _warm(notebooks[i + 1]) if i + 1 < len(notebooks) else None
+            rec, records = _run_one(name, kernel, profile, params_path, out, timeout)
+            if rec["status"] != "ok":
+                bar.close()
+                raise SystemExit(
+                    f"{name} failed: {rec['error']}\n(executed copy: {out / f'{name}.ipynb'}; "
+                    f"earlier results kept in {out})"
+                )
+    finally:
+        if warm is not None:
+            warm.close()
     return records
+
+
+def _warm(name):
+    try:
+        return warm_kernel.WarmKernel(NOTEBOOK_DIR / f"{name}.ipynb", ROOT)
+    except Exception:  # no kernel ahead: papermill starts its own, and says why if it cannot
+        return None
+
+
+def _run_one(name, kernel, profile, params_path, out, timeout):
+    """Execute one notebook (in `kernel`, a WarmKernel, when it is alive), record it; returns the
+    record and the index's records."""
+    dest = out / f"{name}.ipynb"
+    rec = dict(notebook=name, status="failed", html=f"{name}.html", error=None)
+    t0 = time.perf_counter()
+    # each notebook gets the keys it declares, defaults applied, so results.json records them
+    values = {k: v for k, v in profile.items() if k in P.DECLARES[name]}
+    extra = dict(km=kernel.km) if kernel is not None and kernel.alive() else {}
+    try:
+        pm.execute_notebook(
+            str(NOTEBOOK_DIR / f"{name}.ipynb"),
+            str(dest),
+            parameters={**values, "output_dir": str(out)},
+            cwd=str(ROOT),
+            progress_bar=False,
+            execution_timeout=timeout,
+            kernel_name="python3",
+            **extra,
+        )
+    except Exception as e:  # papermill raises PapermillExecutionError with the cell
+        rec["error"] = _describe(e)
+    except Stopped as e:
+        rec["error"] = str(e)
+    finally:
+        if kernel is not None:
+            kernel.close()
+    res = _results(out, name)
+    if rec["error"] is None and res.get("status") != "ok":
+        rec["error"] = f"results.json says status {res.get('status')!r}: the notebook did not finish"
+    rec.update(
+        status="ok" if rec["error"] is None else "failed",
+        seconds=round(time.perf_counter() - t0, 1),
+        verdict=res.get("verdict"),
+        backend=res.get("backend"),
+        device=res.get("device"),
+        commit=res.get("commit"),
+        wall_seconds=res.get("wall_seconds"),  # setup to finish, inside the kernel
+        phases=res.get("phases") or [],
+    )
+    if dest.exists():
+        rec["phases"] = rec["phases"] + [runindex.render_html(dest, out / rec["html"]).model_dump()]
+    return rec, runindex.record(out, rec, runindex.shown_path(params_path))
 
 
 def lane_plan(notebooks, lanes):
