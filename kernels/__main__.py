@@ -6,7 +6,7 @@
             run, speedup over its torch path; bench.{json,md} in DIR with commit, device, versions
   --sweep   the logits kernel's launch configs (kernels.logits_bench.sweep) and the top-k's;
             sweep.{json,md} in DIR, with the CONFIGS lines that would adopt the winners
-  --only    some of logits, topk, checksum, differential (comma-separated; default all)
+  --only    some of logits, topk, checksum, differential, badrows (comma-separated; default all)
 
 Top-k rows: each of kernels.topk.KERNELS (triton_topk_bound, the default, and triton_topk_radix)
 beside torch_topk; us_dirty_l2 and speedup_vs_torch_dirty_l2 after do_bench's dirty L2 flush.
@@ -22,7 +22,17 @@ import sys
 
 import torch
 
-from kernels import checksum, differential, logits, logits_bench, logits_check, topk, topk_check, topk_radix
+from kernels import (
+    badrows,
+    checksum,
+    differential,
+    logits,
+    logits_bench,
+    logits_check,
+    topk,
+    topk_check,
+    topk_radix,
+)
 from kernels.harness import copy_row, flushing, median_us, meta, write_atomic, write_table
 from kernels.launch import arch_of, run
 from kernels.logits_configs import LogitsConfig, config_for
@@ -38,7 +48,7 @@ BENCH_COLS = [
     "frac_copy_bw_dirty_l2",
     "speedup_vs_torch_dirty_l2",
 ]
-NAMES = ("logits", "topk", "checksum", "differential")
+NAMES = ("logits", "topk", "checksum", "differential", "badrows")
 # each config's fields, then what the sweep measured
 SWEEP_COLS = ["kind", *(f for f in LogitsConfig._fields if f != "min_programs")]
 SWEEP_COLS += ["ok", "us", "gbps", "vs_default", "default", "best"]
@@ -109,8 +119,11 @@ CHECKS = dict(
     topk=_check_topk,
     checksum=lambda: dict(checksum=checksum.check()),
     differential=lambda: dict(differential=differential.check()),
+    badrows=lambda: dict(badrows=badrows.check()),
 )
-BENCHES = dict(logits=logits_bench, topk=topk, checksum=checksum, differential=differential)  # .benchmark()
+BENCHES = dict(
+    logits=logits_bench, topk=topk, checksum=checksum, differential=differential, badrows=badrows
+)  # .benchmark()
 
 
 def check_all(names=NAMES):

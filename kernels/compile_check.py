@@ -59,9 +59,9 @@ def shared_limit(arch):
 
 
 def _modules():
-    from kernels import checksum, differential, logits_check, topk
+    from kernels import badrows, checksum, differential, logits_check, topk
 
-    return (logits_check, topk, checksum, differential)  # topk lists topk_radix's cases too
+    return (logits_check, topk, checksum, differential, badrows)  # topk lists topk_radix's cases too
 
 
 def _signature(case):

@@ -6,6 +6,7 @@ import pytest
 import torch
 from interp import interpret, run_without_interpreter
 
+from kernels import badrows as B
 from kernels import checksum as C
 from kernels import differential as D
 from kernels import topk as T
@@ -22,7 +23,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:Runtim
 
 @pytest.fixture(autouse=True)
 def _interpreted(monkeypatch):
-    interpret(monkeypatch, C, D, T, K)
+    interpret(monkeypatch, B, C, D, T, K)
 
 
 # ---------------------------------------------------------------- page checksums
@@ -195,3 +196,44 @@ print("ok")
 """
     r = run_without_interpreter(["-c", code], timeout=600)
     assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stdout[-2000:] + r.stderr[-4000:]
+
+
+# ---------------------------------------------------------------- the rows a replay corrupted
+
+
+def test_bad_rows_kernel_gives_torchs_verdicts():
+    """check() raises unless the kernel's flags are torch's, planted rows included (NaN, inf)."""
+    res = B.check("cpu", bs=12, width=96, k=24)
+    assert res["rows"] == 12 and res["flagged"] >= 3  # the top-k row, the output row, the inf row
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_bad_rows_kernel_on_random_divergence_and_strided_rows(seed):
+    """Random rows with random divergent entries, NaN and inf, the outputs a slice of wider rows
+    (the runner's static output): the kernel flags exactly torch's rows, across block edges."""
+    g = torch.Generator().manual_seed(seed)
+    bs, width, k = 9, 70, 33
+    ref = (torch.randn(bs, width + 6, generator=g) * 4).bfloat16()[:, 3 : 3 + width]
+    out = ref.clone()
+    ref_topk = torch.randint(0, 999, (bs, k), generator=g, dtype=torch.int32)
+    topk = ref_topk.clone()
+    for _ in range(6):
+        r, c = (
+            torch.randint(0, bs, (1,), generator=g).item(),
+            torch.randint(0, width, (1,), generator=g).item(),
+        )
+        out[r, c] = [float("nan"), float("inf"), out[r, c].float() * 1.5 + 0.3][c % 3]
+    topk[torch.randint(0, bs, (1,), generator=g).item(), k - 1] = -1
+    flags = torch.empty(bs, dtype=torch.uint8)
+    got = B.bad_rows_(out, ref, topk, ref_topk, flags, 1e-2, config=dict(block_out=32, block_k=16))
+    assert torch.equal(got, B.ref_bad_rows(out, ref, topk, ref_topk, 1e-2))
+    assert 0 < int(got.sum()) < bs
+
+
+def test_bad_rows_validation_errors():
+    out, topk = torch.zeros(4, 8, dtype=torch.bfloat16), torch.zeros(4, 3, dtype=torch.int32)
+    flags = torch.empty(4, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="ref_out"):
+        B.plan_bad_rows(out, out[:3], topk, topk, flags, 0.01)
+    with pytest.raises(ValueError, match="contiguous rows"):
+        B.plan_bad_rows(out.t(), out.t(), topk, topk, flags, 0.01)
