@@ -34,7 +34,7 @@ def main():
         topk = torch.randint(0, 1 << 16, (bs, 512), device="cuda", dtype=torch.int32)
         args = (out, ref, topk, topk, 1e-2)
         for name, fn in (("torch", badrows.ref_bad_rows), ("triton", badrows.bad_rows)):
-            print(f"bs {bs} {name}: host {host_us(lambda f=fn: f(*args)):.1f} us a call")
+            print(f"bs {bs} {name}: host {host_us(lambda f=fn, a=args: f(*a)):.1f} us a call")
 
 
 if __name__ == "__main__":
