@@ -76,6 +76,7 @@ def test_bench_table_fills_fractions_of_the_copy_bandwidth(monkeypatch):
         ("topk", cli.topk, 100.0),
         ("c", cli.checksum, 100.0),
         ("d", cli.differential, 50.0),  # a quarter of the time: twice the copy's bandwidth
+        ("b", cli.badrows, 200.0),  # twice the time: half the logits' fraction
     ):
         monkeypatch.setattr(
             mod,
@@ -83,10 +84,10 @@ def test_bench_table_fills_fractions_of_the_copy_bandwidth(monkeypatch):
             lambda name=name, us=us: [dict(name=name, us=slower_if_dirty(us), bytes=200_000_000)],
         )
     rows = cli.bench_all()
-    assert [r["name"] for r in rows] == ["copy", "logits", "topk", "c", "d"]
-    assert [r["frac_copy_bw"] for r in rows] == pytest.approx([1.0, 0.5, 0.5, 0.5, 1.0])
-    assert [r["us_dirty_l2"] for r in rows] == pytest.approx([1100.0, 110.0, 110.0, 110.0, 55.0])
-    assert [r["frac_copy_bw_dirty_l2"] for r in rows] == pytest.approx([1.0, 0.5, 0.5, 0.5, 1.0])
+    assert [r["name"] for r in rows] == ["copy", "logits", "topk", "c", "d", "b"]
+    assert [r["frac_copy_bw"] for r in rows] == pytest.approx([1.0, 0.5, 0.5, 0.5, 1.0, 0.25])
+    assert [r["us_dirty_l2"] for r in rows] == pytest.approx([1100.0, 110.0, 110.0, 110.0, 55.0, 220.0])
+    assert [r["frac_copy_bw_dirty_l2"] for r in rows] == pytest.approx([1.0, 0.5, 0.5, 0.5, 1.0, 0.25])
     assert harness._FLUSH.get() == "clean"  # the dirty pass does not leak
 
 
