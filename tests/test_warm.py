@@ -5,6 +5,7 @@ import json
 
 import nbformat
 import papermill as pm
+import pytest
 
 from nblib.core.paths import NOTEBOOK_DIR, ROOT
 from nblib.run import warm
@@ -62,3 +63,20 @@ def test_the_notebook_runs_in_the_warm_kernel_with_its_modules_imported_and_no_n
     # papermill's own kernel, for contrast: neither is imported before the cell that imports it
     pm.execute_notebook(str(src), str(tmp_path / "cold.ipynb"), progress_bar=False, kernel_name="python3")
     assert _first_output(tmp_path / "cold.ipynb") == (1, "[] False False")
+
+
+def test_a_warm_up_that_fails_after_the_start_leaves_no_kernel(tmp_path, monkeypatch):
+    src = _notebook(tmp_path / "nb.ipynb", "1 + 1")
+    started = []
+    real = warm.AsyncKernelManager.blocking_client
+
+    def broken(self):
+        started.append(self)
+        raise OSError("no channels")
+
+    monkeypatch.setattr(warm.AsyncKernelManager, "blocking_client", broken)
+    with pytest.raises(OSError, match="no channels"):  # the suite's _warm then runs without one
+        warm.WarmKernel(src, ROOT)
+    monkeypatch.setattr(warm.AsyncKernelManager, "blocking_client", real)
+    (km,) = started
+    assert not km.has_kernel  # shut down, not left running

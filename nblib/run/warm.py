@@ -53,14 +53,19 @@ class WarmKernel:
     `km` to papermill (which then neither starts nor stops a kernel) and close() it after."""
 
     def __init__(self, notebook: Path, cwd: Path):
+        code = WARM_CODE.format(names=imported_modules(notebook))  # an unreadable notebook: no kernel
         self.km = AsyncKernelManager(kernel_name="python3")
+        self.kc = None
         run_sync(self.km.start_kernel)(cwd=str(cwd))
-        # sent without waiting: the kernel imports while the current notebook runs; the
-        # notebook's first request queues behind it on the kernel's shell channel
-        self.kc = self.km.blocking_client()
-        self.kc.start_channels()
-        code = WARM_CODE.format(names=imported_modules(notebook))
-        self.kc.execute(code, silent=True, store_history=False)
+        try:
+            # sent without waiting: the kernel imports while the current notebook runs; the
+            # notebook's first request queues behind it on the kernel's shell channel
+            self.kc = self.km.blocking_client()
+            self.kc.start_channels()
+            self.kc.execute(code, silent=True, store_history=False)
+        except BaseException:
+            self.close()  # a started kernel is never left behind
+            raise
 
     def alive(self) -> bool:
         return bool(run_sync(self.km.is_alive)())
