@@ -126,6 +126,7 @@ def _crawl(browser, base, out, screenshot):
     page.on("console", lambda m: m.type == "error" and out.console_errors.append((current["path"], m.text)))
     page.on("pageerror", lambda e: out.console_errors.append((current["path"], str(e))))
     todo, seen, anchors, ids = ["index.html"], {"index.html"}, [], {}
+    status = {}  # url -> HTTP status: a link repeated on every page (the navigation) is fetched once
     while todo:
         path = todo.pop(0)
         current["path"] = path
@@ -147,7 +148,9 @@ def _crawl(browser, base, out, screenshot):
                 continue  # an external link: not ours to resolve offline
             out.links += 1
             target = unquote(urlsplit(url).path).lstrip("/") or "index.html"
-            if page.request.get(url).status != 200:
+            if url not in status:
+                status[url] = page.request.get(url).status
+            if status[url] != 200:
                 out.broken_links.append((path, href))
                 continue
             if frag:
