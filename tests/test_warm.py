@@ -35,6 +35,16 @@ def test_the_suites_notebooks_warm_what_their_setup_cell_imports():
     assert {"torch", "nblib.run.notebook", "nblib.studies"} <= set(names)
 
 
+def test_the_notebooks_metadata_adds_what_its_functions_import_lazily(tmp_path):
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("import json")]
+    nb.metadata["nblib"] = {"warm": ["wave", "json"]}
+    nbformat.write(nb, tmp_path / "a.ipynb")
+    assert warm.imported_modules(tmp_path / "a.ipynb")[len(warm.ALWAYS) :] == ["json", "wave"]
+    # notebook 06 audits transformers' models, which examples/audit/hf_moe.py imports inside functions
+    assert "transformers" in warm.imported_modules(NOTEBOOK_DIR / "06_audit_your_engine.ipynb")
+
+
 PROBE = (
     "import sys\n"
     "print(sorted(n for n in globals() if 'warm' in n), 'colorsys' in sys.modules, 'torch' in sys.modules)"

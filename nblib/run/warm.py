@@ -30,10 +30,11 @@ del _nblib_warm"""
 
 def imported_modules(notebook: Path) -> list[str]:
     """The modules the notebook's code cells import (for `from m import a`, m and m.a, which may be
-    a submodule), in order, once each; ALWAYS first."""
-    cells = json.loads(Path(notebook).read_text())["cells"]
+    a submodule), in order, once each; ALWAYS first, and last what the notebook's metadata lists
+    under nblib.warm (what its functions import lazily, e.g. transformers for notebook 06)."""
+    nb = json.loads(Path(notebook).read_text())
     names = list(ALWAYS)
-    for cell in cells:
+    for cell in nb["cells"]:
         if cell["cell_type"] != "code":
             continue
         try:
@@ -45,6 +46,7 @@ def imported_modules(notebook: Path) -> list[str]:
                 names += [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
                 names += [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+    names += nb.get("metadata", {}).get("nblib", {}).get("warm", [])
     return list(dict.fromkeys(names))
 
 
