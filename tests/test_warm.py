@@ -61,6 +61,7 @@ def test_the_notebook_runs_in_the_warm_kernel_with_its_modules_imported_and_no_n
     src = _notebook(tmp_path / "nb.ipynb", PROBE, "import colorsys")
     kernel = warm.WarmKernel(src, ROOT)
     try:
+        assert kernel.ready(timeout=120)  # the warm-up's own reply: its imports are done
         assert kernel.alive()
         pm.execute_notebook(
             str(src), str(tmp_path / "warm.ipynb"), progress_bar=False, kernel_name="python3", km=kernel.km

@@ -117,6 +117,10 @@ def _run_each(notebooks, profile, params_path, out, timeout):
     records = None
     bar = tqdm(notebooks, desc="suite", unit="nb")
     warm = _warm(notebooks[0]) if notebooks else None
+    if warm is not None:
+        # the first kernel's imports before the second's start: at once, the two would share the
+        # cores for nothing (the first notebook waits for its own imports either way)
+        warm.ready()
     try:
         for i, name in enumerate(bar):
             bar.set_postfix_str(name)

@@ -9,6 +9,8 @@ left to the notebook's own import cell, which raises it where the reader sees it
 
 import ast
 import json
+import queue
+import time
 from pathlib import Path
 
 from jupyter_client.manager import AsyncKernelManager
@@ -64,10 +66,22 @@ class WarmKernel:
             # notebook's first request queues behind it on the kernel's shell channel
             self.kc = self.km.blocking_client()
             self.kc.start_channels()
-            self.kc.execute(code, silent=True, store_history=False)
+            self.msg_id = self.kc.execute(code, silent=True, store_history=False)
         except BaseException:
             self.close()  # a started kernel is never left behind
             raise
+
+    def ready(self, timeout=120.0) -> bool:
+        """Wait until the warm-up's imports are done (its reply); False after `timeout` seconds."""
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                msg = self.kc.get_shell_msg(timeout=left)
+            except queue.Empty:
+                return False
+            if msg["parent_header"].get("msg_id") == self.msg_id:
+                return True
+        return False
 
     def alive(self) -> bool:
         return bool(run_sync(self.km.is_alive)())
