@@ -390,6 +390,33 @@ def test_lanes_writing_one_index_lose_no_record(tmp_path):
     assert sorted(r["notebook"] for r in index) == sorted(names[0] + names[1])
 
 
+def test_a_sigterm_inside_one_of_the_event_loops_tasks_stops_the_run():
+    """papermill waits in an asyncio loop; SIGTERM lands in whichever task is running. There the
+    suite's stop must come out of the loop, not stay as that task's result, which nothing reads,
+    while the notebook runs on to the end (seen once as a run that finished ok after SIGTERM)."""
+    import asyncio
+    import os
+    import signal
+
+    from nblib.run import suite
+
+    async def side():  # nbclient's output poll, say: the handler runs inside this task's step
+        os.kill(os.getpid(), signal.SIGTERM)
+        await asyncio.sleep(0)
+
+    async def cell():
+        asyncio.ensure_future(side())
+        await asyncio.sleep(0.5)
+        return "ran on"
+
+    loop = asyncio.new_event_loop()
+    try:
+        with pytest.raises(suite.Stopped, match="stopped by signal 15"), suite._stop_on_sigterm():
+            loop.run_until_complete(cell())
+    finally:
+        loop.close()
+
+
 def test_a_notebook_stopped_by_a_time_limit_is_marked_failed(tmp_path):
     """`timeout` (SIGTERM) around a run: the notebook in flight is recorded failed, saying why."""
     import signal

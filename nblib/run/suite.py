@@ -92,9 +92,13 @@ def tuning_note(params_path, dev):
     )
 
 
-class Stopped(BaseException):
+class Stopped(SystemExit):
     """SIGTERM while a notebook ran (a `timeout` around the run, a job scheduler): the notebook is
-    recorded as failed before the run stops, never left looking unfinished or ok."""
+    recorded as failed before the run stops, never left looking unfinished or ok.
+
+    A SystemExit because the signal lands wherever papermill's event loop is: inside one of
+    nbclient's tasks or callbacks, asyncio keeps any other exception as that task's result, which
+    nothing reads, and the notebook would run on to the end; SystemExit it raises through."""
 
 
 @contextlib.contextmanager
@@ -117,11 +121,11 @@ def _run_each(notebooks, profile, params_path, out, timeout):
     records = None
     bar = tqdm(notebooks, desc="suite", unit="nb")
     warm = _warm(notebooks[0]) if notebooks else None
-    if warm is not None:
-        # the first kernel's imports before the second's start: at once, the two would share the
-        # cores for nothing (the first notebook waits for its own imports either way)
-        warm.ready()
     try:
+        if warm is not None:
+            # the first kernel's imports before the second's start: at once, the two would share
+            # the cores for nothing (the first notebook waits for its own imports either way)
+            warm.ready()
         for i, name in enumerate(bar):
             bar.set_postfix_str(name)
             kernel = warm
