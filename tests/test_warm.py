@@ -91,3 +91,60 @@ def test_a_warm_up_that_fails_after_the_start_leaves_no_kernel(tmp_path, monkeyp
     monkeypatch.setattr(warm.AsyncKernelManager, "blocking_client", real)
     (km,) = started
     assert not km.has_kernel  # shut down, not left running
+
+
+class _FakeKernel:
+    def __init__(self, name, events):
+        self.name, self.events = name, events
+        events.append(("start", name))
+
+    def ready(self):
+        self.events.append(("ready", self.name))
+
+    def close(self):
+        self.events.append(("close", self.name))
+
+
+def _suite_with_fakes(monkeypatch, failing=None):
+    """suite._run_each with kernels and notebook runs that only record what happened, in order."""
+    from nblib.run import suite
+
+    events = []
+    monkeypatch.setattr(suite, "_warm", lambda name: _FakeKernel(name, events))
+
+    def run_one(name, kernel, *args):
+        assert kernel.name == name  # each notebook runs in the kernel started for it
+        events.append(("run", name))
+        kernel.close()  # as _run_one does, in its finally
+        ok = name != failing
+        return dict(status="ok" if ok else "failed", error=None if ok else "boom"), []
+
+    monkeypatch.setattr(suite, "_run_one", run_one)
+    return suite, events
+
+
+@pytest.mark.parametrize("cores, ahead", [(2, 1), (16, 2)])
+def test_kernels_start_ahead_by_the_hosts_cores_each_before_its_notebook(monkeypatch, tmp_path, cores, ahead):
+    from nblib.run import suite
+
+    assert suite.kernels_ahead(cores) == ahead
+    suite, events = _suite_with_fakes(monkeypatch)
+    monkeypatch.setattr(suite, "kernels_ahead", lambda: ahead)
+    suite._run_each(["a", "b", "c", "d"], {}, None, tmp_path, 60)
+    starts = [n for e, n in events if e == "start"]
+    assert starts == ["a", "b", "c", "d"] and events[:2] == [("start", "a"), ("ready", "a")]
+    for i, name in enumerate("abcd"):
+        run = events.index(("run", name))
+        # the kernels of the next `ahead` notebooks are started before this one runs, no more
+        started = {n for e, n in events[:run] if e == "start"}
+        assert started == set("abcd"[: i + 1 + ahead]), (name, started)
+    assert sorted(n for e, n in events if e == "close") == list("abcd")  # each closed once
+
+
+def test_a_failed_notebook_closes_the_kernels_started_ahead_of_it(monkeypatch, tmp_path):
+    suite, events = _suite_with_fakes(monkeypatch, failing="b")
+    monkeypatch.setattr(suite, "kernels_ahead", lambda: 2)
+    with pytest.raises(SystemExit, match="b failed: boom"):
+        suite._run_each(["a", "b", "c", "d"], {}, None, tmp_path, 60)
+    assert ("run", "c") not in events
+    assert sorted(n for e, n in events if e == "close") == ["a", "b", "c", "d"]  # c and d never ran

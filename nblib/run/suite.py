@@ -10,6 +10,7 @@ With lanes (`--lanes N`), notebooks 00 to 04 run in N processes side by side, on
 notebooks still run in order, and 05 runs last because it reads every result.
 """
 
+import collections
 import contextlib
 import json
 import os
@@ -117,20 +118,40 @@ def _stop_on_sigterm():
         signal.signal(signal.SIGTERM, old)
 
 
+def kernels_ahead(cores=None):
+    """How many notebooks' kernels start ahead of the one running: one where the host has fewer
+    than 8 cores (on two, a second kernel importing beside the notebook only shares its cores),
+    else two, so a notebook shorter than its successor's imports (05 before 06, whose kernel
+    imports transformers) does not leave that kernel to finish them on the clock."""
+    if cores is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return 1 if cores < 8 else 2
+
+
 def _run_each(notebooks, profile, params_path, out, timeout):
     records = None
     bar = tqdm(notebooks, desc="suite", unit="nb")
-    warm = _warm(notebooks[0]) if notebooks else None
+    ahead = collections.deque()  # kernels started for the notebooks after the one running
+    started = 0
+
+    def start_upto(n):  # the kernels of notebooks[:n], those not started yet
+        nonlocal started
+        while started < min(n, len(notebooks)):
+            ahead.append(_warm(notebooks[started]))
+            started += 1
+
     try:
-        if warm is not None:
-            # the first kernel's imports before the second's start: at once, the two would share
+        start_upto(1)
+        if ahead and ahead[0] is not None:
+            # the first kernel's imports before the next one's start: at once, the two would share
             # the cores for nothing (the first notebook waits for its own imports either way)
-            warm.ready()
+            ahead[0].ready()
+        n_ahead = kernels_ahead()
         for i, name in enumerate(bar):
             bar.set_postfix_str(name)
-            kernel = warm
-            # the next notebook's kernel starts and imports while this one runs (nblib.run.warm)
-            warm = _warm(notebooks[i + 1]) if i + 1 < len(notebooks) else None
+            kernel = ahead.popleft()
+            # the next notebooks' kernels start and import while this one runs (nblib.run.warm)
+            start_upto(i + 1 + n_ahead)
             rec, records = _run_one(name, kernel, profile, params_path, out, timeout)
             if rec["status"] != "ok":
                 bar.close()
@@ -139,8 +160,9 @@ def _run_each(notebooks, profile, params_path, out, timeout):
                     f"earlier results kept in {out})"
                 )
     finally:
-        if warm is not None:
-            warm.close()
+        for kernel in ahead:
+            if kernel is not None:
+                kernel.close()
     return records
 
 
