@@ -108,6 +108,20 @@ def test_the_previous_table_is_the_newest_by_its_record_not_by_its_file(tmp_path
     assert table.written is not None
 
 
+def test_a_table_with_its_record_outranks_one_without_copied_later(tmp_path):
+    """Tables from before the record have none; copied into a tree without git (the GPU machine's),
+    such a table's file is the newest: the one that records when it was written still wins."""
+    first, _ = benchtable.build(_records(10.0), "sim", "params/ci.yaml", tmp_path)
+    recorded = first.model_copy(update=dict(written="2026-12-02T01:00:00+00:00"))
+    bare = first.model_copy(update=dict(written=None))
+    bare.notebooks = [r.model_copy(update=dict(seconds=99.0)) for r in bare.notebooks]
+    for name, t in (("recorded", recorded), ("bare", bare)):  # the bare one written last
+        (tmp_path / f"{first.machine}-{name}").mkdir()
+        (tmp_path / f"{first.machine}-{name}" / "speed.json").write_text(t.model_dump_json())
+    table, _ = benchtable.build(_records(15.0), "sim", "params/ci.yaml", tmp_path)
+    assert table.previous == f"{first.machine}-recorded" and table.notebooks[0].ratio == 1.5
+
+
 def test_speed_table_compares_only_with_a_table_of_the_same_profile(tmp_path):
     """A sim-profile run is not a regression of a ci-profile run on the same machine."""
     ci, ci_folder = benchtable.write(_records(10.0), "sim", "params/ci.yaml", tmp_path)

@@ -80,12 +80,13 @@ def previous_table(machine, here, root=BENCH_DIR, profile=None):
 
 
 def _written(table, path):
-    """When `table` was written: its own record, else git's commit time of the file, else the
-    file's mtime (the last two for tables written before the record existed)."""
-    when = table.written or _committed(path)
-    if when:
-        return datetime.fromisoformat(when).astimezone(UTC).timestamp()
-    return path.stat().st_mtime
+    """(has its own record, when it was written): a table with the record outranks every table
+    without one, which predates the record; among those, git's commit time of the file, else the
+    file's mtime (which a copy into a tree without git, the GPU machine's, makes the copy's time)."""
+    if table.written:
+        return (True, datetime.fromisoformat(table.written).astimezone(UTC).timestamp())
+    when = _committed(path)
+    return (False, datetime.fromisoformat(when).astimezone(UTC).timestamp() if when else path.stat().st_mtime)
 
 
 def _committed(path):
