@@ -222,3 +222,23 @@ def test_speed_table_compares_totals_only_over_the_notebooks_both_tables_list(tm
     assert "1.00x of" in md and "over the 1 notebook(s) both list: 03" in md
     same, _ = benchtable.write(suite, "sim", "params/sim.yaml", tmp_path / "b", wall_seconds=25.0)
     assert same.compared is None and same.total_ratio == 1.0 and same.wall_ratio == 0.5
+
+
+def test_the_step_profile_script_times_each_path_and_compares_the_indexers_bits(tmp_path):
+    """scripts/profile_gpu_steps.py on the simulator (the ci profile): three timed rows a bucket,
+    and the logits with one program a request against programs filling the device, bit for bit."""
+    import subprocess
+    import sys
+
+    from nblib.core.paths import ROOT
+
+    cmd = [sys.executable, "scripts/profile_gpu_steps.py", "--params", "params/ci.yaml", "--sessions", "2"]
+    cmd += ["--buckets", "1", "8", "--out", str(tmp_path)]
+    subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, text=True, timeout=600)
+    lines = (tmp_path / "steps.txt").read_text().splitlines()
+    for b in (1, 8):
+        rows = [ln for ln in lines if ln.startswith(f"bucket {b}: ")]
+        assert [r.split(": ")[1].split(" row")[0] for r in rows] == ["graph", "graph", "eager"], rows
+        assert all(" ms a step" in r for r in rows)
+        bits = [ln for ln in lines if ln.startswith(f"bucket {b} ctx ")]
+        assert bits and all(ln.endswith("same bits: True") for ln in bits), bits
