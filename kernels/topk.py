@@ -259,8 +259,12 @@ def _topk_kernel(
 # select is the rest); at 7cc72f5 blocks of 1024 entries over 8 warps took 29.3 us against 41.8 for
 # 4096 over 16 (the select is latency-bound: smaller blocks, cheaper block-wide scans). At 07fb1c5
 # (clean L2 flush) the select launched as a programmatic dependent of the maxima kernel (pdl 1)
-# took 29.7 us against 30.0 without. Every config here must compile without spills
-# (tests/test_kernel_compile.py).
+# took 29.7 us against 30.0 without. Tried and not kept: where at most 1024 candidates came out
+# (random rows leave 536-573 at k 512), one descending tl.sort of (key << 32) | (2^32 - 1 - index)
+# in a block in place of the radix passes (exact, ties included): 28.1 us against 25.2 for the radix
+# select, 49.9 us with a block of 2048 (do_bench_cudagraph, a variant of 4164066 not committed).
+# The bitonic sort's log^2 stages cost more than the radix passes it replaces. Every config here
+# must compile without spills (tests/test_kernel_compile.py).
 TOPK_CONFIG = dict(
     block=1024, num_warps=8, radix_bits=4, bound_bits=2, bound_passes=2, maxima=4096, maxima_warps=4, pdl=1
 )
