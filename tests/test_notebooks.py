@@ -404,8 +404,10 @@ def test_a_sigterm_inside_one_of_the_event_loops_tasks_stops_the_run():
         os.kill(os.getpid(), signal.SIGTERM)
         await asyncio.sleep(0)
 
+    tasks = []
+
     async def cell():
-        asyncio.ensure_future(side())
+        tasks.append(asyncio.ensure_future(side()))
         await asyncio.sleep(0.5)
         return "ran on"
 
@@ -415,6 +417,7 @@ def test_a_sigterm_inside_one_of_the_event_loops_tasks_stops_the_run():
             loop.run_until_complete(cell())
     finally:
         loop.close()
+    assert isinstance(tasks[0].exception(), suite.Stopped)  # read: asyncio logs an unread one
 
 
 def test_a_notebook_stopped_by_a_time_limit_is_marked_failed(tmp_path):

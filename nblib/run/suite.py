@@ -149,9 +149,10 @@ def _run_each(notebooks, profile, params_path, out, timeout):
         n_ahead = kernels_ahead()
         for i, name in enumerate(bar):
             bar.set_postfix_str(name)
-            kernel = ahead.popleft()
-            # the next notebooks' kernels start and import while this one runs (nblib.run.warm)
+            # the next notebooks' kernels start and import while this one runs (nblib.run.warm);
+            # started before this one's leaves the queue, so an interrupt here still closes it
             start_upto(i + 1 + n_ahead)
+            kernel = ahead.popleft()
             rec, records = _run_one(name, kernel, profile, params_path, out, timeout)
             if rec["status"] != "ok":
                 bar.close()
