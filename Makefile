@@ -1,6 +1,6 @@
 # make suite   the main job: every notebook, headless, on the GPU profile with CUDA, else the simulator;
 #              LANES=auto (one process per GPU, or per CPU core on the simulator), LANES=1 for one by one
-# make test    lint, then the tests (GPU-only tests are skipped without CUDA, saying so)
+# make test    lint, then the tests, one worker per core (GPU-only tests are skipped without CUDA, saying so)
 # make test-newest  the version-sensitive tests on the newest torch and Triton (see the target)
 # make lint    ruff check + ruff format --check (the same as .pre-commit-config.yaml)
 # make lab     JupyterLab on notebooks/ with the project's kernel (set INTERACTIVE = True for the panels)
@@ -18,6 +18,8 @@ TORCH_INDEX ?=
 TRITON ?= triton==3.6.0
 SYSTEM_SITE ?=
 LAB_ARGS ?=
+# pytest-xdist workers for make test: one per core (auto); TEST_WORKERS=0 runs the tests in one process
+TEST_WORKERS ?= auto
 
 .venv/.stamp: pyproject.toml
 	python3 -m venv $(if $(SYSTEM_SITE),--system-site-packages) .venv
@@ -33,7 +35,7 @@ lint: .venv/.stamp
 	$(PY) -m ruff format --check .
 
 test: lint
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
 
 # make test-newest   the newest torch and Triton that pyproject.toml's bounds admit, in a venv of
 # their own (.venv-newest), on the tests of the version-sensitive code (NEWEST_TESTS): the private-API

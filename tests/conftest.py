@@ -1,9 +1,19 @@
+import os
+
 import pytest
 import torch
 from models import EAGER
 
 from nblib.core.paths import ROOT
 from nblib.engine import build
+
+# A pytest-xdist worker (make test) takes its share of the cores for torch's threads, and passes it
+# to the processes it starts (the suite's lanes and kernels): a thread per core in every worker
+# oversubscribes the cores (two workers on two cores spent 1.5x the CPU seconds of one process).
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    _threads = max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
+    os.environ.setdefault("OMP_NUM_THREADS", str(_threads))
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
 class EagerCpu:
@@ -50,8 +60,39 @@ def pytest_addoption(parser):
     )
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's worker reads the groups
 def pytest_collection_modifyitems(config, items):
     # Reversed, a test that only passes because an earlier one warmed a cache or left state behind
     # (compiled kernels, graphs awaiting collection) meets the process in a different state.
     if config.getoption("--reverse"):
         items.reverse()
+    for item in items:
+        group = worker_group(item)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
+def pytest_configure(config):
+    # pytest-xdist's --dist loadgroup (make test) marks each test's group in its id, which pytest 9.2
+    # builds another way: nothing is grouped (pytest-xdist issue 1386), the ci suite runs once a worker
+    major_minor = tuple(int(p) for p in pytest.__version__.split(".")[:2])
+    if getattr(config.option, "dist", "no") == "loadgroup" and major_minor >= (9, 2):
+        raise pytest.UsageError(
+            f"pytest {pytest.__version__}: pytest-xdist's --dist loadgroup groups nothing on pytest 9.2 "
+            "and later; pip install 'pytest<9.2', or run the tests in one process (make test TEST_WORKERS=0)"
+        )
+
+
+def worker_group(item):
+    """The test's group under pytest-xdist (`make test`: -n auto --dist loadgroup); a group runs
+    whole in one worker. The ci suite's tests share one run of the suite, not one a worker; the
+    GPU tests share the one GPU, where two at once would time or fill it together; a test with a
+    fixture wider than itself goes with its module, so the fixture is built once; None: any worker."""
+    if "ci_suite" in getattr(item, "fixturenames", ()):
+        return "ci_suite"
+    if item.get_closest_marker("gpu"):
+        return "gpu"
+    defs = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
+    if any(d.baseid and d.scope != "function" for ds in defs.values() for d in ds):  # ours, not pytest's
+        return item.nodeid.split("::")[0]
+    return None

@@ -68,3 +68,28 @@ def test_step_times_interleave_the_variants_replay_by_replay():
     assert runners[0] != runners[1] and order == runners * 10  # alternating, 5 rounds x 2 buckets
     # the clock ticks once per replay: bucket 1's timed replays are rounds 3-5 (ticks 4-9)
     assert rows[0]["median_ms"] == 6.0 and rows[1]["median_ms"] == 7.0
+
+
+def test_warm_up_replays_are_the_cuda_count_on_cuda_and_one_on_the_simulator_unless_given():
+    """A simulator warm-up costs as much as a timed replay and settles nothing but the first
+    call's allocations; CUDA keeps each timing's own count (clocks and caches settle)."""
+    from nblib.backends.sim import SimDevice
+    from nblib.instruments import overhead
+    from nblib.schema import params as P
+
+    class Cuda:
+        name = "cuda"
+
+    assert overhead.warmups(SimDevice(), None, cuda=10) == 1
+    assert overhead.warmups(Cuda(), None, cuda=10) == 10 and overhead.warmups(Cuda(), None, cuda=3) == 3
+    assert overhead.warmups(SimDevice(), 4, cuda=10) == 4 and overhead.warmups(Cuda(), 0, cuda=10) == 0
+    prof = P.load(P.ROOT / "params" / "ci.yaml")
+    calls = []
+
+    def measure(fn):
+        fn()
+        calls.append(1)
+        return 1.0
+
+    fix.step_times(SimDevice(), prof["model"], [1], [fix.BUGGY], replays=3, measure=measure)
+    assert len(calls) == 3 + 1  # the timed replays and one warm-up

@@ -354,6 +354,15 @@ def test_lanes_keep_03_after_00_and_leave_05_for_last():
         suite.lane_plan(nbs, 0)
 
 
+def test_each_lane_gets_its_share_of_the_cores_for_torchs_threads_and_its_gpu():
+    two = suite.lane_env({"PATH": "/bin"}, None, lanes=2, cores=2)
+    assert two["OMP_NUM_THREADS"] == "1" and "CUDA_VISIBLE_DEVICES" not in two and two["PATH"] == "/bin"
+    assert suite.lane_env({}, "1", lanes=2, cores=16)["OMP_NUM_THREADS"] == "8"
+    assert suite.lane_env({}, "1", lanes=2, cores=16)["CUDA_VISIBLE_DEVICES"] == "1"
+    assert suite.lane_env({}, None, lanes=4, cores=2)["OMP_NUM_THREADS"] == "1"  # never 0
+    assert suite.lane_env({"OMP_NUM_THREADS": "3"}, None, 2, 2)["OMP_NUM_THREADS"] == "3"  # the user's
+
+
 def test_auto_lanes_are_one_per_core_on_the_simulator_and_one_per_gpu_on_cuda(monkeypatch):
     from nblib.backends import device
 

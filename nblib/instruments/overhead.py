@@ -46,6 +46,15 @@ def timer(dev):
     return "time.perf_counter (the simulator's events carry no timing)", measure
 
 
+def warmups(dev, warmup, cuda):
+    """Untimed calls before the timed ones: `warmup` if given, else `cuda` on CUDA, where clocks
+    and caches settle over the first replays, and one on the simulator, whose host time needs only
+    its first call's allocations out of the way (a warm-up there costs as much as a timed call)."""
+    if warmup is not None:
+        return warmup
+    return cuda if getattr(dev, "name", "") == "cuda" else 1
+
+
 def timed(measure, fn, replays, warmup):
     """`replays` measurements of fn (ms), after `warmup` untimed-in-the-result ones."""
     return [measure(fn) for _ in range(warmup + replays)][warmup:]
@@ -73,7 +82,7 @@ def replay_times(
     model,
     bucket,
     replays=50,
-    warmup=5,
+    warmup=None,
     index_dtype="bf16",
     overlap="on",
     logits_policy="transient",
@@ -98,6 +107,7 @@ def _replay_times(
     dev, model, bucket, replays, warmup, index_dtype, overlap, logits_policy, seed, instruments
 ):
     method, measure = timer(dev)
+    warmup = warmups(dev, warmup, cuda=5)
     out = []
     for name in instruments:
         m = build.model(dev, model, index_dtype=index_dtype, overlap=overlap, logits_policy=logits_policy)

@@ -259,14 +259,23 @@ def _lane_gpus(dev, n):
     return [str(i) for i in range(n)]
 
 
+def lane_env(environ, gpu, lanes, cores):
+    """A lane's environment: its GPU, and its share of the CPU's cores for torch's threads
+    (OMP_NUM_THREADS, unless already set). Otherwise torch's CPU ops take a thread per core in
+    every lane: on the 2-core machine, two lanes' four threads on two cores."""
+    env = dict(environ, TQDM_DISABLE="1")
+    env.setdefault("OMP_NUM_THREADS", str(max(1, cores // lanes)))
+    if gpu is not None:
+        env["CUDA_VISIBLE_DEVICES"] = gpu
+    return env
+
+
 def _run_lanes(plan, gpus, params_path, out, timeout):
     """Each lane as `python -m nblib run --only ...` in its own process (and GPU), side by side;
     its log in out/lane-<i>.log. Every lane runs to its end; then a failed one stops the suite."""
     procs = []
     for i, (lane, gpu) in enumerate(zip(plan, gpus)):
-        env = dict(os.environ, TQDM_DISABLE="1")
-        if gpu is not None:
-            env["CUDA_VISIBLE_DEVICES"] = gpu
+        env = lane_env(os.environ, gpu, len(plan), os.cpu_count() or 1)
         cmd = [sys.executable, "-m", "nblib", "run", "--params", str(params_path), "--out", str(out)]
         cmd += ["--timeout", str(timeout), "--only", *(n[:2] for n in lane)]
         log = out / f"lane-{i}.log"

@@ -32,7 +32,7 @@ from nblib.engine.runner import Runner
 from nblib.instruments import audit
 from nblib.instruments.canary import Canary
 from nblib.instruments.gediff import DESIGNS, GEDiff
-from nblib.instruments.overhead import timed, timer
+from nblib.instruments.overhead import timed, timer, warmups
 from nblib.studies import protocol
 
 ARMS = ("off", "canary", *DESIGNS)
@@ -115,10 +115,10 @@ def _graph_ms(dev, fn, replays, warmup):
         fn()
     if hasattr(g, "expected_seconds"):  # the simulator: its calibrated timing model, without jitter
         return 1e3 * g.expected_seconds(), "simulated (the calibrated timing model, without jitter)"
-    return statistics.median(timed(measure, g.replay, replays, warmup)), method
+    return statistics.median(timed(measure, g.replay, replays, warmups(dev, warmup, cuda=3))), method
 
 
-def branch_ms(dev, m, bucket, replays=20, warmup=3, seed=0):
+def branch_ms(dev, m, bucket, replays=20, warmup=None, seed=0):
     """The side branch (indexer with the instrument's hook, top-k) and the main branch (the
     instrument's main-stream hook, trunk, MLP), each alone on a full batch of `bucket` requests."""
     tokens, table, lens, _ = build.full_batch(m, bucket, seed)

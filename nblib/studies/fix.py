@@ -24,7 +24,7 @@ from nblib.core import phases, stats
 from nblib.engine import build, references
 from nblib.engine.build import full_batch
 from nblib.engine.runner import Runner
-from nblib.instruments.overhead import timed, timer
+from nblib.instruments.overhead import timed, timer, warmups
 
 VARIANTS = {
     "buggy overlap": dict(overlap="on", logits_policy="transient"),
@@ -133,10 +133,11 @@ def audits(dev, model, buckets, variants, index_dtype="bf16"):
 
 
 def step_times(
-    dev, model, buckets, variants, replays=200, warmup=10, index_dtype="bf16", seed=0, measure=None
+    dev, model, buckets, variants, replays=200, warmup=None, index_dtype="bf16", seed=0, measure=None
 ):
     """Decode-step (graph replay) time per bucket and variant: a full batch at half the longest
-    context, `replays` timed replays after `warmup`; median and quartiles in ms.
+    context, `replays` timed replays after `warmup` (default: overhead.warmups); median and
+    quartiles in ms.
 
     The variants take turns, one replay each, round after round: whatever drifts while they are
     timed (clocks, heat, another process's load on the host that launches the replays) falls on
@@ -148,6 +149,7 @@ def step_times(
 
 def _step_times(dev, model, buckets, variants, replays, warmup, index_dtype, seed, measure):
     method, measure = timer(dev) if measure is None else ("given", measure)
+    warmup = warmups(dev, warmup, cuda=10)
     runners = {}
     for v in variants:  # every variant captured first: all their graphs are live together
         m = _model(dev, model, v, index_dtype)
@@ -189,7 +191,7 @@ def branch_fns(m, batch):
     return dict(indexer=lambda: m.indexer(q, w, table, lens, None), main=lambda: m.main_branch(x))
 
 
-def branches(dev, model, buckets, replays=50, warmup=5, index_dtype="bf16", seed=0):
+def branches(dev, model, buckets, replays=50, warmup=None, index_dtype="bf16", seed=0):
     """Each branch timed alone (eager, one stream) on the same full batch. The overlap can hide at
     most the shorter one."""
     with phases.phase("timing"):
@@ -198,6 +200,7 @@ def branches(dev, model, buckets, replays=50, warmup=5, index_dtype="bf16", seed
 
 def _branches(dev, model, buckets, replays, warmup, index_dtype, seed):
     _, measure = timer(dev)
+    warmup = warmups(dev, warmup, cuda=5)
     m = _model(dev, model, "overlap off", index_dtype)
     rows = []
     for b in sorted(buckets):
