@@ -93,3 +93,21 @@ def test_warm_up_replays_are_the_cuda_count_on_cuda_and_one_on_the_simulator_unl
 
     fix.step_times(SimDevice(), prof["model"], [1], [fix.BUGGY], replays=3, measure=measure)
     assert len(calls) == 3 + 1  # the timed replays and one warm-up
+
+
+def test_the_timed_batches_hold_timing_ctx_entries_a_request_or_half_the_longest_context():
+    from nblib.backends.sim import SimDevice
+    from nblib.instruments import overhead
+    from nblib.schema import params as P
+
+    shapes = P.load(P.ROOT / "params" / "ci.yaml")["model"]
+
+    def measure(fn):
+        fn()
+        return 1.0
+
+    for ctx, want in ((None, shapes["max_ctx"] // 2), (0, shapes["max_ctx"] // 2), (320, 320)):
+        rows = fix.step_times(SimDevice(), shapes, [2], [fix.BUGGY], replays=2, measure=measure, ctx=ctx)
+        assert [r["ctx"] for r in rows] == [want], ctx
+    cost = overhead.replay_times(SimDevice(), shapes, 2, replays=2, instruments=("neither",), ctx=320)
+    assert [r["ctx"] for r in cost] == [320]

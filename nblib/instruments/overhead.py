@@ -88,23 +88,25 @@ def replay_times(
     logits_policy="transient",
     seed=0,
     instruments=INSTRUMENTS,
+    ctx=None,
 ):
     """Median replay time (ms) for each of `instruments`, neither first: neither, canary,
     canary_graphed (the canary in CUDA graphs of its own, nblib.instruments.canary_graph, captured
     before timing) and gediff. ratio: median over neither's median
     (None for neither itself, the reference); calls: the instrument's own records, one per timed or
-    warmup replay, so a row whose instrument never ran shows it."""
+    warmup replay, so a row whose instrument never ran shows it. ctx: entries a request in the
+    replayed full batch (None or 0: half the longest context, build.full_batch)."""
     unknown = [i for i in instruments if i not in INSTRUMENTS]
     if unknown or instruments[:1] != ("neither",):
         raise ValueError(f"instruments must start with 'neither' and come from {INSTRUMENTS}")
     with phases.phase("timing"):
         return _replay_times(
-            dev, model, bucket, replays, warmup, index_dtype, overlap, logits_policy, seed, instruments
+            dev, model, bucket, replays, warmup, index_dtype, overlap, logits_policy, seed, instruments, ctx
         )
 
 
 def _replay_times(
-    dev, model, bucket, replays, warmup, index_dtype, overlap, logits_policy, seed, instruments
+    dev, model, bucket, replays, warmup, index_dtype, overlap, logits_policy, seed, instruments, ctx
 ):
     method, measure = timer(dev)
     warmup = warmups(dev, warmup, cuda=5)
@@ -115,13 +117,15 @@ def _replay_times(
         runner = Runner(m, [bucket]).capture()
         if name == "canary_graphed":
             inst = GraphedCanary(runner).capture()
-        times = timed(measure, _replay(runner, full_batch(m, bucket, seed), inst), replays, warmup)
+        batch = full_batch(m, bucket, seed, ctx)
+        times = timed(measure, _replay(runner, batch, inst), replays, warmup)
         out.append(
             dict(
                 instrument=name,
                 bucket=bucket,
                 replays=replays,
                 warmup=warmup,
+                ctx=int(batch.seq_lens[0]),
                 median_ms=statistics.median(times),
                 calls=len(inst.records) if inst else 0,
                 method=method,

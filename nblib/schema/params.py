@@ -128,6 +128,9 @@ class Profile(BaseModel):
         0.05, gt=0, lt=1, description="the fix's 95% upper bound on its rate must fall below this"
     )
     timing_replays: int = Field(20, ge=2, description="timed replays per bucket and variant")
+    timing_ctx: int = Field(
+        0, ge=0, description="entries a request in the timed full batches; 0: half the longest context"
+    )
     output_dir: str = Field("../outputs/local", description="where results go (the suite sets it)")
     INTERACTIVE: bool = Field(False, description="True: ipywidgets controls for a live session")
 
@@ -138,9 +141,9 @@ _NB = ("output_dir", "INTERACTIVE")
 DECLARES = {
     "00_reproduce": (*_RUN, "index_dtypes", "modes", "overlaps", "logits_policy", "protocol_runs", *_NB),
     "01_canary": (*_RUN, "overlaps", "logits_policy", *_NB),
-    "02_graph_vs_eager": (*_RUN, "logits_policy", "protocol_runs", "replays", *_NB),
+    "02_graph_vs_eager": (*_RUN, "logits_policy", "protocol_runs", "replays", "timing_ctx", *_NB),
     "03_stream_overlap": (*_RUN, "index_dtypes", "overlaps", "logits_policy", *_NB),
-    "04_persistent_buffer_fix": (*_RUN, "index_dtypes", "fix_target", "timing_replays", *_NB),
+    "04_persistent_buffer_fix": (*_RUN, "index_dtypes", "fix_target", "timing_replays", "timing_ctx", *_NB),
     "05_report": ("backend", *_NB),
     "06_audit_your_engine": ("backend", "seed", *_NB),
 }

@@ -133,21 +133,30 @@ def audits(dev, model, buckets, variants, index_dtype="bf16"):
 
 
 def step_times(
-    dev, model, buckets, variants, replays=200, warmup=None, index_dtype="bf16", seed=0, measure=None
+    dev,
+    model,
+    buckets,
+    variants,
+    replays=200,
+    warmup=None,
+    index_dtype="bf16",
+    seed=0,
+    measure=None,
+    ctx=None,
 ):
-    """Decode-step (graph replay) time per bucket and variant: a full batch at half the longest
-    context, `replays` timed replays after `warmup` (default: overhead.warmups); median and
-    quartiles in ms.
+    """Decode-step (graph replay) time per bucket and variant: a full batch of `ctx` entries a
+    request (None or 0: half the longest context), `replays` timed replays after `warmup`
+    (default: overhead.warmups); median and quartiles in ms.
 
     The variants take turns, one replay each, round after round: whatever drifts while they are
     timed (clocks, heat, another process's load on the host that launches the replays) falls on
     every variant alike, so their ratios compare like with like. measure: a timer from
     overhead.timer (default: the device's own)."""
     with phases.phase("timing"):
-        return _step_times(dev, model, buckets, variants, replays, warmup, index_dtype, seed, measure)
+        return _step_times(dev, model, buckets, variants, replays, warmup, index_dtype, seed, measure, ctx)
 
 
-def _step_times(dev, model, buckets, variants, replays, warmup, index_dtype, seed, measure):
+def _step_times(dev, model, buckets, variants, replays, warmup, index_dtype, seed, measure, ctx):
     method, measure = timer(dev) if measure is None else ("given", measure)
     warmup = warmups(dev, warmup, cuda=10)
     runners = {}
@@ -156,7 +165,8 @@ def _step_times(dev, model, buckets, variants, replays, warmup, index_dtype, see
         runners[v] = (m, Runner(m, buckets, "graph").capture())
     rows = []
     for b in sorted(buckets):
-        calls = {v: partial(r.run, *full_batch(m, b, seed)) for v, (m, r) in runners.items()}
+        batches = {v: full_batch(m, b, seed, ctx) for v, (m, _) in runners.items()}
+        calls = {v: partial(r.run, *batches[v]) for v, (_, r) in runners.items()}
         ts = {v: [] for v in variants}
         for i in range(warmup + replays):
             for v in variants:
@@ -173,6 +183,7 @@ def _step_times(dev, model, buckets, variants, replays, warmup, index_dtype, see
                     q1_ms=q[0],
                     q3_ms=q[2],
                     replays=replays,
+                    ctx=int(batches[v].seq_lens[0]),
                     method=method,
                 )
             )
@@ -191,20 +202,20 @@ def branch_fns(m, batch):
     return dict(indexer=lambda: m.indexer(q, w, table, lens, None), main=lambda: m.main_branch(x))
 
 
-def branches(dev, model, buckets, replays=50, warmup=None, index_dtype="bf16", seed=0):
-    """Each branch timed alone (eager, one stream) on the same full batch. The overlap can hide at
-    most the shorter one."""
+def branches(dev, model, buckets, replays=50, warmup=None, index_dtype="bf16", seed=0, ctx=None):
+    """Each branch timed alone (eager, one stream) on the same full batch as step_times (`ctx`
+    entries a request). The overlap can hide at most the shorter one."""
     with phases.phase("timing"):
-        return _branches(dev, model, buckets, replays, warmup, index_dtype, seed)
+        return _branches(dev, model, buckets, replays, warmup, index_dtype, seed, ctx)
 
 
-def _branches(dev, model, buckets, replays, warmup, index_dtype, seed):
+def _branches(dev, model, buckets, replays, warmup, index_dtype, seed, ctx):
     _, measure = timer(dev)
     warmup = warmups(dev, warmup, cuda=5)
     m = _model(dev, model, "overlap off", index_dtype)
     rows = []
     for b in sorted(buckets):
-        fns = branch_fns(m, full_batch(m, b, seed))
+        fns = branch_fns(m, full_batch(m, b, seed, ctx))
         rows.append(
             dict(
                 bucket=b,
