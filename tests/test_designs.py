@@ -190,3 +190,13 @@ def test_explain_reads_the_effect_and_its_reason_off_the_evidence():
     assert got["main_stash"][0] == got["prealloc"][0] == "unchanged"
     assert "leans to timing" in dict((f.design, f.why) for f in why.findings)["prealloc"]
     assert why.signature == ["refs"] and why.recommended == "main_stash"
+
+
+def test_the_branches_are_measured_on_batches_of_the_entries_asked_for():
+    """The simulated side branch lasts as long as the batch's longest request: fewer entries a
+    request, a shorter side branch; the main branch does not read the cache."""
+    dev = get("sim")
+    m = build.model(dev, DIFFERENTIAL, index_dtype="bf16", overlap="on")
+    short = designs.branch_ms(dev, m, 2, replays=2, ctx=128)
+    default = designs.branch_ms(dev, m, 2, replays=2)  # half the longest context
+    assert short[0] < default[0] and short[1] == pytest.approx(default[1])

@@ -118,10 +118,11 @@ def _graph_ms(dev, fn, replays, warmup):
     return statistics.median(timed(measure, g.replay, replays, warmups(dev, warmup, cuda=3))), method
 
 
-def branch_ms(dev, m, bucket, replays=20, warmup=None, seed=0):
+def branch_ms(dev, m, bucket, replays=20, warmup=None, seed=0, ctx=None):
     """The side branch (indexer with the instrument's hook, top-k) and the main branch (the
-    instrument's main-stream hook, trunk, MLP), each alone on a full batch of `bucket` requests."""
-    tokens, table, lens, _ = build.full_batch(m, bucket, seed)
+    instrument's main-stream hook, trunk, MLP), each alone on a full batch of `bucket` requests of
+    `ctx` entries (None or 0: half the longest context)."""
+    tokens, table, lens, _ = build.full_batch(m, bucket, seed, ctx)
     x = m.embed[tokens]
     q = (x @ m.w_q).view(-1, m.cfg.heads, m.cfg.dim)
     w = (x @ m.w_head).float()
@@ -160,10 +161,10 @@ def _instruments(arm, m, gd):
     return None
 
 
-def _mechanisms(dev, m, report, buckets, replays, seed):
+def _mechanisms(dev, m, report, buckets, replays, seed, ctx):
     out, method = [], ""
     for b in sorted(buckets):
-        side, main, method = branch_ms(dev, m, b, replays, seed=seed)
+        side, main, method = branch_ms(dev, m, b, replays, seed=seed, ctx=ctx)
         out.append(
             Mechanism(
                 bucket=b,
@@ -176,9 +177,10 @@ def _mechanisms(dev, m, report, buckets, replays, seed):
     return out, method
 
 
-def run_arm(dev, shapes, buckets, workload, arm, seeds, knobs, replays=20, progress=print):
+def run_arm(dev, shapes, buckets, workload, arm, seeds, knobs, replays=20, progress=print, ctx=None):
     """One arm: capture every bucket once under the audit, run the protocol on those graphs, then
-    measure the branches. Returns (protocol.Protocol, differential or None, mechanisms, method)."""
+    measure the branches on full batches of `ctx` entries a request (branch_ms). Returns
+    (protocol.Protocol, differential or None, mechanisms, method)."""
     m = build.model(dev, shapes, **knobs)
     gd = GEDiff(m, design=arm) if arm in DESIGNS else None
     with audit.recording(dev) as rec:
@@ -187,7 +189,7 @@ def run_arm(dev, shapes, buckets, workload, arm, seeds, knobs, replays=20, progr
         report = rec.report(names=m.captures)
     proto = protocol.run(runner, workload, seeds, _instruments(arm, m, gd), progress, label=f"{arm}: ")
     with phases.phase("timing"):
-        mech, method = _mechanisms(dev, m, report, buckets, replays, seeds[0])
+        mech, method = _mechanisms(dev, m, report, buckets, replays, seeds[0], ctx)
     return proto, gd, mech, method
 
 
@@ -222,15 +224,18 @@ def _arm(name, proto, gd, mech, off, planted):
     )
 
 
-def compare(dev, shapes, buckets, workload, seeds, arms=ARMS, knobs=None, replays=20, progress=print):
+def compare(
+    dev, shapes, buckets, workload, seeds, arms=ARMS, knobs=None, replays=20, progress=print, ctx=None
+):
     """Every arm on the protocol; the differential designs also get the planted check (at the
-    largest bucket). knobs: index_dtype, overlap, logits_policy (default bf16, on, transient)."""
+    largest bucket). knobs: index_dtype, overlap, logits_policy (default bf16, on, transient).
+    ctx: entries a request in the batches the branches are measured on (branch_ms)."""
     arms = check_arms(arms)
     knobs = dict(dict(index_dtype="bf16", overlap="on", logits_policy="transient"), **(knobs or {}))
     out, off, method = [], None, ""
     for name in ["off"] + [a for a in arms if a != "off"]:
         proto, gd, mech, method = run_arm(
-            dev, shapes, buckets, workload, name, seeds, knobs, replays, progress
+            dev, shapes, buckets, workload, name, seeds, knobs, replays, progress, ctx
         )
         planted = planted_caught(dev, shapes, knobs, name, max(buckets)) if name in DESIGNS else None
         arm = _arm(name, proto, gd, mech, off, planted)
