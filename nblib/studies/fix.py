@@ -53,20 +53,17 @@ def _model(dev, model, variant, index_dtype):
     return build.model(dev, model, index_dtype=index_dtype, **VARIANTS[variant])
 
 
-def run_variant(dev, model, buckets, workload, variant, sessions=None, index_dtype="bf16", progress=print):
-    """Corruption rows for one variant: {bucket: sessions} (or None: the workload's own) per bucket."""
+def run_variant(
+    dev, model, buckets, workload, variant, sessions=None, index_dtype="bf16", progress=print, floor=None
+):
+    """Corruption rows for one variant: {bucket: sessions} (or None: the workload's own) per bucket.
+    floor: {bucket: sessions} each row must count at least (plan's), topped up with new seeds."""
     m = _model(dev, model, variant, index_dtype)
     runner = Runner(m, buckets, "graph", references=references.shared()).capture()
     rows = []
     for b in sorted(buckets):
         n = (sessions or {}).get(b, workload["sessions"])
-        # more sessions than the profile's: repeat its workload with new seeds, so the cache pages the
-        # profile sized for its concurrent sessions still suffice
-        chunks = [min(workload["sessions"], n - i) for i in range(0, n, workload["sessions"])]
-        parts = [
-            build.bucket_run(runner, workload, b, sessions=c, seed=workload.get("seed", 0) + 1000 * k).counts
-            for k, c in enumerate(chunks)
-        ]
+        parts = _bucket_parts(runner, workload, b, n, (floor or {}).get(b, 0))
         rows.append(dict(variant=variant, bucket=b, **{key: sum(p[key] for p in parts) for key in parts[0]}))
         if progress:
             progress(
@@ -78,10 +75,34 @@ def run_variant(dev, model, buckets, workload, variant, sessions=None, index_dty
     return rows
 
 
+def _bucket_parts(runner, workload, b, n, floor, extra=8):
+    """The counts of `n` sessions at bucket `b`, in chunks of the profile's sessions with new seeds (so
+    the cache pages the profile sized for its concurrent sessions still suffice), then more chunks
+    while the counted sessions are below `floor`: a chunk's last sessions can decode only in a
+    smaller bucket's graph, where they do not count for this one (run_sessions' tail). A top-up
+    chunk holds at least `b` sessions, so its first step fills the bucket; at most `extra` of them."""
+    size = workload["sessions"]
+    seed = workload.get("seed", 0)
+    chunks = [min(size, n - i) for i in range(0, n, size)]
+    parts = [
+        build.bucket_run(runner, workload, b, sessions=c, seed=seed + 1000 * k).counts
+        for k, c in enumerate(chunks)
+    ]
+    for k in range(len(chunks), len(chunks) + extra):
+        counted = sum(p["sessions"] for p in parts)
+        if counted >= floor or b > size:
+            break
+        c = min(size, max(floor - counted, b))
+        parts.append(build.bucket_run(runner, workload, b, sessions=c, seed=seed + 1000 * k).counts)
+    return parts
+
+
 def plan(buggy_rows, target=0.01, margin=1.1, min_bucket=2):
     """Sessions per bucket for each fix: enough, pooled over the buckets where the buggy overlap
     corrupted (or over all buckets >= min_bucket if it corrupted nowhere), for the Wilson upper
-    bound at zero failures to fall below `target`. Decided from the buggy run only."""
+    bound at zero failures to fall below `target`. Decided from the buggy run only. sessions: what
+    each bucket runs (the need, `margin` over); floor: what each bucket must count, an equal share
+    of the need (run_variant tops a bucket up to it)."""
     need = stats.zero_failure_sessions(target, method="wilson")
     racy = sorted(r["bucket"] for r in buggy_rows if r["corrupted_sessions"])
     where = racy or sorted(r["bucket"] for r in buggy_rows if r["bucket"] >= min_bucket)
@@ -92,6 +113,7 @@ def plan(buggy_rows, target=0.01, margin=1.1, min_bucket=2):
         racy_buckets=racy,
         pooled_buckets=where,
         sessions={b: per for b in where},
+        floor={b: math.ceil(need / max(1, len(where))) for b in where},
     )
 
 
