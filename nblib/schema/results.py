@@ -209,6 +209,7 @@ class FixPlan(BaseModel):
     racy_buckets: list[int]
     pooled_buckets: list[int]
     sessions: dict[int, int]  # clean sessions per bucket a fix runs
+    floor: dict[int, int] | None = None  # sessions each bucket must count (absent in older results)
 
 
 class FixAudit(BaseModel):
