@@ -84,16 +84,16 @@ def _bucket_parts(runner, workload, b, n, floor, extra=8):
     size = workload["sessions"]
     seed = workload.get("seed", 0)
     chunks = [min(size, n - i) for i in range(0, n, size)]
-    parts = [
-        build.bucket_run(runner, workload, b, sessions=c, seed=seed + 1000 * k).counts
-        for k, c in enumerate(chunks)
-    ]
+
+    def chunk(k, c):  # the k-th chunk of c sessions, on its own seed
+        return build.bucket_run(runner, workload, b, sessions=c, seed=seed + 1000 * k).counts
+
+    parts = [chunk(k, c) for k, c in enumerate(chunks)]
     for k in range(len(chunks), len(chunks) + extra):
         counted = sum(p["sessions"] for p in parts)
         if counted >= floor or b > size:
             break
-        c = min(size, max(floor - counted, b))
-        parts.append(build.bucket_run(runner, workload, b, sessions=c, seed=seed + 1000 * k).counts)
+        parts.append(chunk(k, min(size, max(floor - counted, b))))
     return parts
 
 
