@@ -43,7 +43,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_wait
 
 from kernels import args as A
-from kernels import topk_radix
+from kernels import topk_fused, topk_radix
 from kernels.harness import median_us
 from kernels.launch import Case, Launch, run
 from kernels.topk_keys import (  # noqa: F401  (part of this module's API: kernels.differential, tests)
@@ -300,7 +300,16 @@ def plan_topk(logits, k, lengths=None, out=None, config=None, pdl=None):
     if pdl is None:
         pdl = dev.type == "cuda" and torch.cuda.get_device_capability(dev)[0] >= 9
     pdl = bool(pdl and cfg["pdl"])
-    maxima_args = dict(common, stride_m=maxima.stride(0), HAS_LEN=has_len, SUB=sub, SUBS=per_prog, PDL=pdl)
+    maxima_args = dict(
+        common,
+        stride_m=maxima.stride(0),
+        HAS_LEN=has_len,
+        SUB=sub,
+        SUBS=per_prog,
+        arrived_ptr=maxima,
+        ARRIVED=False,
+        PDL=pdl,
+    )
     select_args = dict(
         common,
         sub_ptr=subs,
@@ -336,7 +345,7 @@ def plan_topk(logits, k, lengths=None, out=None, config=None, pdl=None):
 # 41.4 us (three launches, and one select program per row over ~540 candidates in registers), so the
 # default stays "bound"; radix is kept for the side-by-side bench and its sweep.
 TOPK_KERNEL = "bound"
-KERNELS = ("radix", "bound")
+KERNELS = ("radix", "bound", "fused")
 
 
 def topk_indices_triton(logits, k, lengths=None, out=None, *, config=None, kernel=None):
@@ -347,6 +356,8 @@ def topk_indices_triton(logits, k, lengths=None, out=None, *, config=None, kerne
     A.need(kernel in KERNELS, f"kernel must be one of {', '.join(KERNELS)}, got {kernel!r}")
     if kernel == "radix":
         return topk_radix.topk_indices_radix(logits, k, lengths, out, config=config)
+    if kernel == "fused":
+        return topk_fused.topk_indices_fused(logits, k, lengths, out, config=config)
     maxima, select = plan_topk(logits, k, lengths, out, config)
     A.launchable(select.kernel, logits.device)
     if logits.shape[0]:
@@ -368,7 +379,7 @@ def compile_cases(arch):
     # the exact bound the sweep times (the interpreter does not hold constexprs to the rules)
     _, select = plan_topk(x, 512, config=dict(bound_passes=0), pdl=arch >= 90)
     cases.append(Case("topk_select_exact_bound", select, tensor_core=False, tma=False, pdl=arch >= 90))
-    return cases + topk_radix.compile_cases(arch)
+    return cases + topk_radix.compile_cases(arch) + topk_fused.compile_cases(arch)
 
 
 # ---------------------------------------------------------------------------

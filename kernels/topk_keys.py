@@ -73,6 +73,7 @@ def _row_maxima_kernel(
     x_ptr,
     len_ptr,
     max_ptr,
+    arrived_ptr,
     width,
     stride_x,
     stride_m,
@@ -80,12 +81,17 @@ def _row_maxima_kernel(
     SUB: tl.constexpr,
     SUBS: tl.constexpr,  # sub-chunks per program
     PDL: tl.constexpr,  # let the select kernel launch now: it waits for this grid in gdc_wait
+    ARRIVED: tl.constexpr,  # zero arrived[row]: the counter the next kernel's programs count on
 ):
     """maxima[row, j] = largest order key among entries [j*SUB, (j+1)*SUB) of the row (0 where
-    none is valid): the one pass over the whole row, spread over many programs."""
+    none is valid): the one pass over the whole row, spread over many programs. With ARRIVED,
+    arrived[row] = 0 too (kernels.topk_fused: zeroed here, every call, the counter needs no memset
+    and holds no state between calls or CUDA-graph replays)."""
     if PDL:
         gdc_launch_dependents()
     row = tl.program_id(0).to(tl.int64)
+    if ARRIVED:  # one program of the row
+        tl.store(arrived_ptr + row, 0, mask=tl.program_id(1) == 0)
     n = width
     if HAS_LEN:
         n = tl.minimum(tl.maximum(tl.load(len_ptr + row), 0), width)

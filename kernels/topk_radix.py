@@ -53,6 +53,61 @@ from kernels.topk_keys import NEG_INF_KEY, _kth_largest, _kth_largest_prefix, _o
 
 
 @triton.jit
+def _row_bound(max_row, K, NUM_MAX: tl.constexpr, BOUND_BITS: tl.constexpr, BOUND_PASSES: tl.constexpr):
+    """The row's lower bound on its k-th largest key, from its sub-chunk maxima."""
+    maxima = tl.load(max_row + tl.arange(0, NUM_MAX)).to(tl.uint32, bitcast=True)
+    if BOUND_PASSES > 0:
+        return _kth_largest_prefix(maxima, K, BOUND_PASSES)
+    return _kth_largest(maxima, K, BOUND_BITS)
+
+
+@triton.jit
+def _chunk_candidates(
+    x_row,
+    max_row,
+    ci_row,
+    ck_row,
+    cnt_row,
+    n,
+    p,
+    K,
+    NUM_MAX: tl.constexpr,
+    CHUNK: tl.constexpr,
+    BOUND_BITS: tl.constexpr,
+    BOUND_PASSES: tl.constexpr,
+    PDL: tl.constexpr,
+    PARTS: tl.constexpr = 1,  # the chunk filtered in parts, one block of CHUNK // PARTS at a time
+    PRELOAD: tl.constexpr = True,  # its first part loaded before the wait for the maxima
+):
+    """Chunk p of a row of n entries: its entries whose key reaches the row's bound (and is not
+    -inf), in index order, at ci_row/ck_row[p * CHUNK:], and how many at cnt_row[p]. PRELOAD
+    overlaps the first part's load with the maxima kernel's tail (the logits were written before
+    that kernel started) at the cost of registers held through the bound; PARTS > 1 holds fewer
+    entries a thread at once, one block-wide prefix sum a part."""
+    PART: tl.constexpr = CHUNK // PARTS
+    t = p * CHUNK + tl.arange(0, PART)
+    if PRELOAD:
+        x = tl.load(x_row + t, mask=t < n, other=0.0)
+    if PDL:
+        gdc_wait()  # the maxima kernel's writes are visible after this
+    lower = _row_bound(max_row, K, NUM_MAX, BOUND_BITS, BOUND_PASSES)
+    if not PRELOAD:
+        x = tl.load(x_row + t, mask=t < n, other=0.0)
+    c = tl.zeros([], tl.int32)
+    for part in tl.static_range(PARTS):
+        if part > 0:
+            t += PART
+            x = tl.load(x_row + t, mask=t < n, other=0.0)
+        key = _order_key(x)
+        cand = (t < n) & (key >= lower) & (key > NEG_INF_KEY)  # -inf entries come out as -1 anyway
+        dst = p * CHUNK + c + tl.cumsum(cand.to(tl.int32), 0) - 1
+        tl.store(ci_row + dst, t, mask=cand)
+        tl.store(ck_row + dst, key.to(tl.int32, bitcast=True), mask=cand)
+        c += tl.sum(cand.to(tl.int32))
+    tl.store(cnt_row + p, c)
+
+
+@triton.jit
 def _candidates_kernel(
     x_ptr,
     len_ptr,
@@ -73,32 +128,28 @@ def _candidates_kernel(
     BOUND_PASSES: tl.constexpr,  # 0: the exact bound, BOUND_BITS a step; n: n histogram passes
     PDL: tl.constexpr,
 ):
-    """Chunk p of a row: its entries whose key reaches the row's bound (and is not -inf), in index
-    order, at cidx/ckey[row, p * CHUNK:], and how many at cnt[row, p]."""
+    """Chunk p of a row: _chunk_candidates, the row's candidate list p and its count."""
     if PDL:
         gdc_launch_dependents()  # the select kernel may launch now; it waits for this grid
     row = tl.program_id(0).to(tl.int64)
-    p = tl.program_id(1)
     n = width
     if HAS_LEN:
         n = tl.minimum(tl.maximum(tl.load(len_ptr + row), 0), width)
-    t = p * CHUNK + tl.arange(0, CHUNK)
-    ok = t < n
-    # the logits were written before the maxima kernel started: load them before the wait
-    x = tl.load(x_ptr + row * stride_x + t, mask=ok, other=0.0)
-    if PDL:
-        gdc_wait()  # the maxima kernel's writes are visible after this
-    maxima = tl.load(max_ptr + row * stride_m + tl.arange(0, NUM_MAX)).to(tl.uint32, bitcast=True)
-    if BOUND_PASSES > 0:
-        lower = _kth_largest_prefix(maxima, K, BOUND_PASSES)
-    else:
-        lower = _kth_largest(maxima, K, BOUND_BITS)
-    key = _order_key(x)
-    cand = ok & (key >= lower) & (key > NEG_INF_KEY)  # -inf entries come out as -1 anyway
-    dst = row * stride_c + p * CHUNK + tl.cumsum(cand.to(tl.int32), 0) - 1
-    tl.store(cidx_ptr + dst, t, mask=cand)
-    tl.store(ckey_ptr + dst, key.to(tl.int32, bitcast=True), mask=cand)
-    tl.store(cnt_ptr + row * stride_n + p, tl.sum(cand.to(tl.int32)))
+    _chunk_candidates(
+        x_ptr + row * stride_x,
+        max_ptr + row * stride_m,
+        cidx_ptr + row * stride_c,
+        ckey_ptr + row * stride_c,
+        cnt_ptr + row * stride_n,
+        n,
+        tl.program_id(1),
+        K,
+        NUM_MAX,
+        CHUNK,
+        BOUND_BITS,
+        BOUND_PASSES,
+        PDL,
+    )
 
 
 @triton.jit
@@ -221,6 +272,31 @@ def _select_in_blocks(
 
 
 @triton.jit
+def _select_row(
+    ci_row,
+    ck_row,
+    cnt_row,
+    o_row,
+    K,
+    NUM_CHUNKS: tl.constexpr,
+    CHUNK: tl.constexpr,
+    CAP: tl.constexpr,
+    RADIX_BITS: tl.constexpr,
+):
+    """A row's top K from its candidate lists: the selected indices in index order, then -1s."""
+    c = tl.zeros([], tl.int32)
+    for q in tl.static_range(NUM_CHUNKS):
+        c += tl.load(cnt_row + q)
+    if c <= CAP:
+        taken = _select_in_registers(cnt_row, ci_row, ck_row, o_row, c, K, CAP, NUM_CHUNKS, CHUNK, RADIX_BITS)
+    else:
+        taken = _select_in_blocks(cnt_row, ci_row, ck_row, o_row, c, K, CAP, NUM_CHUNKS, CHUNK, RADIX_BITS)
+    for start in range(0, K, CAP):  # -1 after the selected: -inf entries, or a row shorter than k
+        offs = start + tl.arange(0, CAP)
+        tl.store(o_row + offs, tl.full([CAP], -1, tl.int32), mask=(offs >= taken) & (offs < K))
+
+
+@triton.jit
 def _select_kernel(
     cidx_ptr,
     ckey_ptr,
@@ -239,20 +315,17 @@ def _select_kernel(
     if PDL:
         gdc_wait()  # the candidates kernel (and so the maxima kernel) has finished
     row = tl.program_id(0).to(tl.int64)
-    cnt_row = cnt_ptr + row * stride_n
-    ci_row = cidx_ptr + row * stride_c
-    ck_row = ckey_ptr + row * stride_c
-    o_row = out_ptr + row * stride_o
-    c = tl.zeros([], tl.int32)
-    for q in tl.static_range(NUM_CHUNKS):
-        c += tl.load(cnt_row + q)
-    if c <= CAP:
-        taken = _select_in_registers(cnt_row, ci_row, ck_row, o_row, c, K, CAP, NUM_CHUNKS, CHUNK, RADIX_BITS)
-    else:
-        taken = _select_in_blocks(cnt_row, ci_row, ck_row, o_row, c, K, CAP, NUM_CHUNKS, CHUNK, RADIX_BITS)
-    for start in range(0, K, CAP):  # -1 after the selected: -inf entries, or a row shorter than k
-        offs = start + tl.arange(0, CAP)
-        tl.store(o_row + offs, tl.full([CAP], -1, tl.int32), mask=(offs >= taken) & (offs < K))
+    _select_row(
+        cidx_ptr + row * stride_c,
+        ckey_ptr + row * stride_c,
+        cnt_ptr + row * stride_n,
+        out_ptr + row * stride_o,
+        K,
+        NUM_CHUNKS,
+        CHUNK,
+        CAP,
+        RADIX_BITS,
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -320,7 +393,7 @@ def plan_topk_radix(logits, k, lengths=None, out=None, config=None, pdl=None):
     lens = lengths if has_len else logits  # unused without HAS_LEN
     common = dict(x_ptr=logits, len_ptr=lens, max_ptr=maxima, width=width, stride_x=logits.stride(0))
     common.update(stride_m=maxima.stride(0), HAS_LEN=has_len, PDL=pdl)
-    maxima_args = dict(common, SUB=sub, SUBS=per_prog)
+    maxima_args = dict(common, SUB=sub, SUBS=per_prog, arrived_ptr=maxima, ARRIVED=False)
     cand_args = dict(common, cidx_ptr=cidx, ckey_ptr=ckey, cnt_ptr=counts, K=k, NUM_MAX=num_max, CHUNK=chunk)
     cand_args.update(stride_c=cidx.stride(0), stride_n=counts.stride(0))
     cand_args.update(BOUND_BITS=cfg["bound_bits"], BOUND_PASSES=cfg["bound_passes"])
