@@ -384,6 +384,20 @@ def test_lanes_ask_for_one_gpu_each_before_running(tmp_path, monkeypatch):
     assert suite._lane_gpus(type("Dev", (), {"name": "sim"})(), 2) == [None, None]
 
 
+def test_a_bench_run_drops_the_stored_eager_steps_and_a_plain_run_keeps_them(tmp_path, monkeypatch):
+    """A speed table must time what a first run computes: eager steps an earlier run of the same
+    source stored in the folder would make the references phase look free."""
+    ran = []
+    monkeypatch.setattr(suite, "_run_each", lambda notebooks, *a: ran.append(list(notebooks)) or [])
+    store = tmp_path / "run" / ".references" / "digest"
+    for fresh, kept in ((False, True), (True, False)):
+        store.mkdir(parents=True, exist_ok=True)
+        (store / "steps.pt").write_bytes(b"x")
+        suite.run(P.ROOT / "params" / "ci.yaml", tmp_path / "run", ["05"], lanes=1, fresh=fresh)
+        assert store.exists() == kept
+    assert ran == [["05_report"], ["05_report"]]
+
+
 def test_lanes_writing_one_index_lose_no_record(tmp_path):
     import multiprocessing
 

@@ -34,7 +34,8 @@ def main(argv=None):
     r.add_argument(
         "--bench",
         action="store_true",
-        help="then write the speed table to outputs/bench-suite/<machine>-<profile>-<commit>/",
+        help="first drop the run folder's stored eager steps, then write the speed table to "
+        "outputs/bench-suite/<machine>-<profile>-<commit>/",
     )
     sub.add_parser("cells", help="rewrite each notebook's parameters cell from the profile schema")
     s = sub.add_parser("sweep", help="a notebook or the suite over a parameter grid, resumably")
@@ -88,7 +89,8 @@ def _run(args):
     from nblib.schema import params as P
 
     t0 = time.perf_counter()
-    records = suite.run(args.params, args.out, args.only, args.timeout, args.lanes)
+    # a speed table times a first run: eager steps an earlier run stored in the folder are dropped
+    records = suite.run(args.params, args.out, args.only, args.timeout, args.lanes, fresh=args.bench)
     wall = time.perf_counter() - t0
     for rec in records:
         print(f"{rec['notebook']:26s} {rec['status']:6s} {rec['seconds']:7.1f} s  {rec.get('verdict') or ''}")
