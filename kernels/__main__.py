@@ -8,8 +8,9 @@
             sweep.{json,md} in DIR, with the CONFIGS lines that would adopt the winners
   --only    some of logits, topk, checksum, differential, badrows (comma-separated; default all)
 
-Top-k rows: each of kernels.topk.KERNELS (triton_topk_bound, the default, and triton_topk_radix)
-beside torch_topk; us_dirty_l2 and speedup_vs_torch_dirty_l2 after do_bench's dirty L2 flush.
+Top-k rows: each of kernels.topk.KERNELS (triton_topk_fused, the default, triton_topk_bound and
+triton_topk_radix) beside torch_topk; us_dirty_l2 and speedup_vs_torch_dirty_l2 after do_bench's
+dirty L2 flush.
 
 One command for the committed tables, on the H200 (about 3 minutes):
   python -m kernels --check --sweep --bench --out outputs/bench
@@ -31,6 +32,7 @@ from kernels import (
     logits_check,
     topk,
     topk_check,
+    topk_fused,
     topk_radix,
 )
 from kernels.harness import copy_row, flushing, median_us, meta, write_atomic, write_table
@@ -54,6 +56,18 @@ SWEEP_COLS = ["kind", *(f for f in LogitsConfig._fields if f != "min_programs")]
 SWEEP_COLS += ["ok", "us", "gbps", "vs_default", "default", "best"]
 TOPK_SWEEP_COLS = ["stage", "kernel", *topk.TOPK_CONFIG, "ok", "us"]
 RADIX_SWEEP_COLS = ["kernel", *topk_radix.RADIX_CONFIG, "ok", "us"]
+FUSED_SWEEP_COLS = ["kernel", *topk_fused.FUSED_CONFIG, "ok", "us"]
+FUSED_SWEEP = [  # over topk_fused.FUSED_CONFIG, its first row
+    dict(),
+    dict(radix_bits=8),
+    dict(maxima=2048),
+    dict(maxima=4096),
+    dict(bound_passes=1, cap=2048),
+    dict(bound_warps=4),
+    dict(bound_warps=16),
+    dict(chunk=8192, num_warps=16),
+    dict(pdl=0),
+]
 RADIX_SWEEP = [  # over topk_radix.RADIX_CONFIG, its first row
     dict(),
     dict(chunk_warps=16),
@@ -179,17 +193,16 @@ def sweep_topk(bs=32, width=65536, k=512):
     return rows
 
 
-def sweep_topk_radix(bs=32, width=65536, k=512):
-    """The radix select's configs (kernels.topk_radix.RADIX_CONFIG), each checked, then timed."""
+def sweep_topk_configs(kernel, configs, default, bs=32, width=65536, k=512):
+    """One top-k kernel's configs (over its default), each checked, then timed."""
     x = torch.randn(bs, width, device="cuda")
     out = torch.empty(bs, k, dtype=torch.int32, device="cuda")
     want = topk.ref_topk_indices(x, k)
     rows = []
-    for cfg in RADIX_SWEEP:
-        fn = lambda cfg=cfg: topk_radix.topk_indices_radix(x, k, out=out, config=cfg)  # noqa: E731
+    for cfg in configs:
+        fn = lambda cfg=cfg: topk.topk_indices_triton(x, k, out=out, config=cfg, kernel=kernel)  # noqa: E731
         ok = bool(torch.equal(fn(), want))
-        full = dict(topk_radix.RADIX_CONFIG, **cfg)
-        rows.append(dict(kernel="radix", **full, ok=ok, us=median_us(fn, rep_ms=40)))
+        rows.append(dict(kernel=kernel, **dict(default, **cfg), ok=ok, us=median_us(fn, rep_ms=40)))
     return rows
 
 
@@ -228,12 +241,19 @@ def main(argv=None):
     if a.sweep and "topk" in names:
         info = meta(shape=dict(bs=32, width=65536, k=512), default=topk.TOPK_CONFIG)
         print(write_table(a.out, "sweep_topk", info, sweep_topk(), TOPK_SWEEP_COLS))
-        info = meta(shape=dict(bs=32, width=65536, k=512), default=topk_radix.RADIX_CONFIG)
-        print(write_table(a.out, "sweep_topk_radix", info, sweep_topk_radix(), RADIX_SWEEP_COLS))
+        shape = dict(bs=32, width=65536, k=512)
+        for kernel, configs, default, cols in (
+            ("radix", RADIX_SWEEP, topk_radix.RADIX_CONFIG, RADIX_SWEEP_COLS),
+            ("fused", FUSED_SWEEP, topk_fused.FUSED_CONFIG, FUSED_SWEEP_COLS),
+        ):
+            rows = sweep_topk_configs(kernel, configs, default)
+            print(write_table(a.out, f"sweep_topk_{kernel}", meta(shape=shape, default=default), rows, cols))
     if a.bench:
         arch = arch_of(torch.device("cuda"))
         configs = {f"logits_{k}": config_for(k, arch, 64, 128)._asdict() for k in ("bf16", "fp8")}
-        configs.update(topk=topk.TOPK_CONFIG, topk_radix=topk_radix.RADIX_CONFIG)
+        configs.update(
+            topk=topk.TOPK_CONFIG, topk_radix=topk_radix.RADIX_CONFIG, topk_fused=topk_fused.FUSED_CONFIG
+        )
         configs.update(differential=differential.DIFF_CONFIG, topk_kernel=topk.TOPK_KERNEL)
         info = meta(shape=logits.BENCH_SHAPE, configs=configs, only=list(names))
         print(write_table(a.out, "bench", info, bench_all(names), BENCH_COLS))

@@ -1,8 +1,9 @@
 """Top-k entry indices of the indexer logits: which cached entries the sparse attention reads.
 
     topk_indices(logits, k)                       torch.topk, then the contract below
-    topk_indices_triton(logits, k, lengths=None)  Triton: the "bound" pair below (the default, TOPK_KERNEL),
-                                                  or kernels.topk_radix (kernel="radix")
+    topk_indices_triton(logits, k, lengths=None)  Triton: kernels.topk_fused (the default, TOPK_KERNEL),
+                                                  the "bound" pair below (kernel="bound"), or
+                                                  kernels.topk_radix (kernel="radix")
 
 The contract (both): int32 [bs, k], the indices of the k largest logits of each row, -1 where the
 value is -inf, sorted ascending with the -1s last, so graph and eager results compare as sets.
@@ -306,8 +307,8 @@ def plan_topk(logits, k, lengths=None, out=None, config=None, pdl=None):
         HAS_LEN=has_len,
         SUB=sub,
         SUBS=per_prog,
-        arrived_ptr=maxima,
-        ARRIVED=False,
+        sync_ptr=maxima,
+        SYNC_WORDS=0,
         PDL=pdl,
     )
     select_args = dict(
@@ -339,19 +340,23 @@ def plan_topk(logits, k, lengths=None, out=None, config=None, pdl=None):
     )
 
 
-# Which kernels topk_indices_triton runs: "radix" (kernels.topk_radix: the select spread over
-# several programs per row) or "bound" (the two kernels above: one select program per row).
-# On an H200, [32, 65536] fp32, k 512 (outputs/bench/h200-b81f95a/bench.md): bound 29.6 us, radix
-# 41.4 us (three launches, and one select program per row over ~540 candidates in registers), so the
-# default stays "bound"; radix is kept for the side-by-side bench and its sweep.
-TOPK_KERNEL = "bound"
+# Which kernels topk_indices_triton runs: "fused" (kernels.topk_fused: the bound once per row, then
+# the filter over several programs per row and the select in the row's last one), "radix"
+# (kernels.topk_radix: the same filter and select as two launches, the bound in every program) or
+# "bound" (the two kernels above: one select program per row). On an H200, [32, 65536] fp32, k 512
+# (outputs/bench/h200-b6db959-topk/bench.md): fused 21.8 us, bound 29.2, radix 54.0. ncu there: the
+# bound pair's select issues about 0.3 instructions a cycle per scheduler (latency-bound: a few
+# warps of one program per row through dependent block-wide reductions), and radix's candidates
+# kernel, a bound in every one of 512 programs (16 warps, one an SM), took 40 us alone.
+TOPK_KERNEL = "fused"
 KERNELS = ("radix", "bound", "fused")
 
 
 def topk_indices_triton(logits, k, lengths=None, out=None, *, config=None, kernel=None):
     """The contract above, by a Triton kernel (ties: lowest index). float32 logits on CUDA;
     out (int32 [bs, k]) is filled and returned, or allocated when None. kernel: one of KERNELS
-    (None: TOPK_KERNEL); config: that kernel's (kernels.topk_radix.RADIX_CONFIG or TOPK_CONFIG)."""
+    (None: TOPK_KERNEL); config: that kernel's (kernels.topk_fused.FUSED_CONFIG,
+    kernels.topk_radix.RADIX_CONFIG or TOPK_CONFIG)."""
     kernel = kernel or TOPK_KERNEL
     A.need(kernel in KERNELS, f"kernel must be one of {', '.join(KERNELS)}, got {kernel!r}")
     if kernel == "radix":

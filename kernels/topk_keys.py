@@ -1,7 +1,7 @@
-"""The pieces both Triton top-k kernels share (kernels.topk's "bound" pair and kernels.topk_radix):
+"""The pieces the Triton top-k kernels share (kernels.topk's "bound" pair, topk_radix, topk_fused):
 the argument checks, the float -> uint32 order key, the k-th-largest helpers over a block of keys,
 and the sub-chunk maxima kernel that reads each row once. A module of its own so that kernels.topk
-(which dispatches to either kernel) and kernels.topk_radix import it without importing each other.
+(which dispatches to every kernel) and the kernels' modules import it without importing each other.
 """
 
 import torch
@@ -73,7 +73,7 @@ def _row_maxima_kernel(
     x_ptr,
     len_ptr,
     max_ptr,
-    arrived_ptr,
+    sync_ptr,
     width,
     stride_x,
     stride_m,
@@ -81,17 +81,22 @@ def _row_maxima_kernel(
     SUB: tl.constexpr,
     SUBS: tl.constexpr,  # sub-chunks per program
     PDL: tl.constexpr,  # let the select kernel launch now: it waits for this grid in gdc_wait
-    ARRIVED: tl.constexpr,  # zero arrived[row]: the counter the next kernel's programs count on
+    SYNC_WORDS: tl.constexpr,  # int32 words a row at sync_ptr to zero (0: none; else a power of two)
 ):
     """maxima[row, j] = largest order key among entries [j*SUB, (j+1)*SUB) of the row (0 where
-    none is valid): the one pass over the whole row, spread over many programs. With ARRIVED,
-    arrived[row] = 0 too (kernels.topk_fused: zeroed here, every call, the counter needs no memset
-    and holds no state between calls or CUDA-graph replays)."""
+    none is valid): the one pass over the whole row, spread over many programs. With SYNC_WORDS,
+    sync[row, :] = 0 too: kernels.topk_fused's counters and flags, zeroed here every call, need
+    no memset and hold no state between calls or CUDA-graph replays."""
     if PDL:
         gdc_launch_dependents()
     row = tl.program_id(0).to(tl.int64)
-    if ARRIVED:  # one program of the row
-        tl.store(arrived_ptr + row, 0, mask=tl.program_id(1) == 0)
+    if SYNC_WORDS > 0:  # one program of the row
+        w = tl.arange(0, SYNC_WORDS)
+        tl.store(
+            sync_ptr + row * SYNC_WORDS + w,
+            tl.zeros([SYNC_WORDS], tl.int32),
+            mask=(w >= 0) & (tl.program_id(1) == 0),
+        )
     n = width
     if HAS_LEN:
         n = tl.minimum(tl.maximum(tl.load(len_ptr + row), 0), width)

@@ -76,35 +76,22 @@ def _chunk_candidates(
     BOUND_BITS: tl.constexpr,
     BOUND_PASSES: tl.constexpr,
     PDL: tl.constexpr,
-    PARTS: tl.constexpr = 1,  # the chunk filtered in parts, one block of CHUNK // PARTS at a time
-    PRELOAD: tl.constexpr = True,  # its first part loaded before the wait for the maxima
 ):
     """Chunk p of a row of n entries: its entries whose key reaches the row's bound (and is not
-    -inf), in index order, at ci_row/ck_row[p * CHUNK:], and how many at cnt_row[p]. PRELOAD
-    overlaps the first part's load with the maxima kernel's tail (the logits were written before
-    that kernel started) at the cost of registers held through the bound; PARTS > 1 holds fewer
-    entries a thread at once, one block-wide prefix sum a part."""
-    PART: tl.constexpr = CHUNK // PARTS
-    t = p * CHUNK + tl.arange(0, PART)
-    if PRELOAD:
-        x = tl.load(x_row + t, mask=t < n, other=0.0)
+    -inf), in index order, at ci_row/ck_row[p * CHUNK:], and how many at cnt_row[p]."""
+    t = p * CHUNK + tl.arange(0, CHUNK)
+    ok = t < n
+    # the logits were written before the maxima kernel started: load them before the wait
+    x = tl.load(x_row + t, mask=ok, other=0.0)
     if PDL:
         gdc_wait()  # the maxima kernel's writes are visible after this
     lower = _row_bound(max_row, K, NUM_MAX, BOUND_BITS, BOUND_PASSES)
-    if not PRELOAD:
-        x = tl.load(x_row + t, mask=t < n, other=0.0)
-    c = tl.zeros([], tl.int32)
-    for part in tl.static_range(PARTS):
-        if part > 0:
-            t += PART
-            x = tl.load(x_row + t, mask=t < n, other=0.0)
-        key = _order_key(x)
-        cand = (t < n) & (key >= lower) & (key > NEG_INF_KEY)  # -inf entries come out as -1 anyway
-        dst = p * CHUNK + c + tl.cumsum(cand.to(tl.int32), 0) - 1
-        tl.store(ci_row + dst, t, mask=cand)
-        tl.store(ck_row + dst, key.to(tl.int32, bitcast=True), mask=cand)
-        c += tl.sum(cand.to(tl.int32))
-    tl.store(cnt_row + p, c)
+    key = _order_key(x)
+    cand = ok & (key >= lower) & (key > NEG_INF_KEY)  # -inf entries come out as -1 anyway
+    dst = p * CHUNK + tl.cumsum(cand.to(tl.int32), 0) - 1
+    tl.store(ci_row + dst, t, mask=cand)
+    tl.store(ck_row + dst, key.to(tl.int32, bitcast=True), mask=cand)
+    tl.store(cnt_row + p, tl.sum(cand.to(tl.int32)))
 
 
 @triton.jit
@@ -393,7 +380,7 @@ def plan_topk_radix(logits, k, lengths=None, out=None, config=None, pdl=None):
     lens = lengths if has_len else logits  # unused without HAS_LEN
     common = dict(x_ptr=logits, len_ptr=lens, max_ptr=maxima, width=width, stride_x=logits.stride(0))
     common.update(stride_m=maxima.stride(0), HAS_LEN=has_len, PDL=pdl)
-    maxima_args = dict(common, SUB=sub, SUBS=per_prog, arrived_ptr=maxima, ARRIVED=False)
+    maxima_args = dict(common, SUB=sub, SUBS=per_prog, sync_ptr=maxima, SYNC_WORDS=0)
     cand_args = dict(common, cidx_ptr=cidx, ckey_ptr=ckey, cnt_ptr=counts, K=k, NUM_MAX=num_max, CHUNK=chunk)
     cand_args.update(stride_c=cidx.stride(0), stride_n=counts.stride(0))
     cand_args.update(BOUND_BITS=cfg["bound_bits"], BOUND_PASSES=cfg["bound_passes"])

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The top-k and differential kernels on a CUDA GPU, in one run (about 5 minutes on an H200):
-#   1. check    every top-k kernel (kernels.topk.KERNELS: radix, the default, and bound) and the
+#   1. check    every top-k kernel (kernels.topk.KERNELS: fused, the default, bound and radix) and the
 #               differential against their references            -> OUTDIR/check.json
 #   2. bench    the top-k kernels beside torch.topk, and the differential beside its torch path,
 #               each after a clean and after a dirty L2 flush, as a fraction of the copy bandwidth

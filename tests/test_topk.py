@@ -1,6 +1,6 @@
-"""The Triton top-k kernels (kernels.topk's "bound" pair, the default, and kernels.topk_radix) against
-torch on random, tied, all -inf, short and long rows, in Triton's interpreter on the CPU; the
-references; the argument checks; the custom op."""
+"""The Triton top-k kernels (kernels.topk's "bound" pair, kernels.topk_radix and kernels.topk_fused)
+against torch on random, tied, all -inf, short and long rows, in Triton's interpreter on the CPU;
+the references; the argument checks; the custom op."""
 
 import pytest
 import torch
@@ -9,20 +9,23 @@ from interp import interpret, run_without_interpreter
 from kernels import indexer as kx
 from kernels import topk as T
 from kernels import topk_check as TC
+from kernels import topk_fused as F
 from kernels import topk_keys as K
 from kernels import topk_radix as R
+from kernels import topk_row_bound as RB
 from kernels.launch import run
 
 # before the fixture swaps in interpreted twins
 COMPILED = (K._row_maxima_kernel, T._topk_kernel, R._candidates_kernel, R._select_kernel)
-# radix: chunks of 1024 entries, so a row of 4096 spans 4 candidate lists
-KERNEL_CONFIGS = dict(radix=dict(chunk=1024), bound=None)
+COMPILED_FUSED = (RB._row_bound_kernel, F._fused_kernel)
+# radix and fused: chunks of 1024 entries, so a row of 4096 spans 4 candidate lists
+KERNEL_CONFIGS = dict(radix=dict(chunk=1024), bound=None, fused=dict(chunk=1024))
 NEG_INF = float("-inf")
 
 
 @pytest.fixture(autouse=True)
 def _interpreted(monkeypatch):
-    interpret(monkeypatch, T, R, K)
+    interpret(monkeypatch, T, R, K, F, RB)
 
 
 # ---------------------------------------------------------------- references
@@ -139,6 +142,54 @@ def test_minus_inf_entries_are_never_radix_candidates():
     assert out[1].tolist() == [-1] * 64 and out[2].tolist() == list(range(40)) + [-1] * 24
 
 
+def test_fused_select_beyond_its_registers_and_with_every_bound():
+    """cap 64: rows with more candidates take the select that reads the lists once per pass; a
+    row with fewer stays in registers (its passes below the candidates' common prefix); with 8-bit
+    digits too: the reference's indices on every kind of row."""
+    x = torch.randn(3, 4096)
+    x[1, 50:] = NEG_INF  # 50 candidates at most: in registers
+    launches = F.plan_topk_fused(x, 64, config=dict(chunk=1024, cap=64))
+    for launch in launches:
+        run(launch)
+    counts, out = launches[-1].args["cnt_ptr"], launches[-1].args["out_ptr"]
+    assert counts[0].sum() > 64 and counts[1].sum() == 50
+    assert torch.equal(out, T.ref_topk_indices(x, 64))
+    for cfg in (dict(chunk=1024, cap=64), dict(chunk=512, radix_bits=8)):
+        for name, x, lens in TC.cases("cpu", width=4096, k=64, bs=2):
+            assert TC.check_rows(x, 64, lens, kernel="fused", config=cfg) == 2, (name, cfg)
+
+
+def test_fused_counter_needs_no_reset():
+    """The arrival counters start as whatever the allocator hands out: the maxima kernel zeroes
+    them every call, so garbage there (a graph pool's leftovers) changes nothing; every chunk of
+    every row arrives once."""
+    x = torch.randn(3, 4096)
+    x[1] = NEG_INF
+    launches = F.plan_topk_fused(x, 64, config=dict(chunk=1024))
+    arrived = launches[-1].args["arrived_ptr"]
+    arrived.fill_(12345)
+    for launch in launches:
+        run(launch)
+    assert torch.equal(launches[-1].args["out_ptr"], T.ref_topk_indices(x, 64))
+    assert arrived.tolist() == [4, 4, 4]
+
+
+def test_minus_inf_entries_are_never_fused_candidates():
+    """As for the radix select: the padded row lists no candidate, the short row exactly its 40
+    finite entries, and the -1s follow them."""
+    x = torch.randn(3, 4096)
+    x[1] = NEG_INF
+    x[2, 40:] = NEG_INF
+    launches = F.plan_topk_fused(x, 64, config=dict(chunk=1024))
+    for launch in launches:
+        run(launch)
+    args = launches[-1].args
+    counts, cidx, out = args["cnt_ptr"], args["cidx_ptr"], args["out_ptr"]
+    assert counts[1].tolist() == [0] * 4 and counts[2].tolist() == [40, 0, 0, 0]
+    assert cidx[2, :40].tolist() == list(range(40))
+    assert out[1].tolist() == [-1] * 64 and out[2].tolist() == list(range(40)) + [-1] * 24
+
+
 @pytest.mark.parametrize("kernel", T.KERNELS)
 def test_kernel_fills_a_given_out_and_a_strided_row(kernel):
     big = torch.randn(3, 5000)
@@ -190,7 +241,11 @@ def test_validation_errors():
             lambda: T.topk_indices_triton(x, 5, kernel="radix", config=dict(block=1024)),
             r"unknown config keys \['block'\]",
         ),
-        (lambda: T.topk_indices_triton(x, 5, kernel="sort"), "kernel must be one of radix, bound"),
+        (
+            lambda: T.topk_indices_triton(x, 5, kernel="fused", config=dict(bound_passes=0)),
+            "bound_passes must be 1 to 4",
+        ),
+        (lambda: T.topk_indices_triton(x, 5, kernel="sort"), "kernel must be one of radix, bound, fused"),
     ]
     for fn, msg in bad:
         with pytest.raises(ValueError, match=msg):
@@ -202,6 +257,8 @@ def test_refuses_cpu_tensors_outside_the_interpreter(monkeypatch):
     monkeypatch.setattr(T, "_topk_kernel", COMPILED[1])
     monkeypatch.setattr(R, "_candidates_kernel", COMPILED[2])
     monkeypatch.setattr(R, "_select_kernel", COMPILED[3])
+    monkeypatch.setattr(F, "_row_bound_kernel", COMPILED_FUSED[0])
+    monkeypatch.setattr(F, "_fused_kernel", COMPILED_FUSED[1])
     for kernel in T.KERNELS:
         with pytest.raises(ValueError, match="needs CUDA tensors, got cpu"):
             T.topk_indices_triton(torch.randn(2, 100), 5, kernel=kernel)
@@ -213,17 +270,22 @@ def test_refuses_cpu_tensors_outside_the_interpreter(monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_gpu_check():
-    code = "from kernels import topk_check as c; print(c.check('cuda'), c.check('cuda', kernel='bound'))"
+    code = (
+        "from kernels import topk, topk_check as c; print([c.check('cuda', kernel=k) for k in topk.KERNELS])"
+    )
     r = run_without_interpreter(["-c", code], timeout=600)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
 
 
-@pytest.mark.parametrize("kernel", T.KERNELS)
-@pytest.mark.parametrize("passes", [0, 1, 3])
+@pytest.mark.parametrize(
+    "kernel, passes",
+    [(kernel, passes) for kernel in T.KERNELS for passes in (0, 1, 3) if (kernel, passes) != ("fused", 0)],
+)
 def test_kernel_with_each_bound(passes, kernel):
     """bound_passes (2 by default, which the other tests run): the bound is the k-th largest
-    sub-chunk maximum's top 8*passes bits, or (0) the maximum itself; a looser lower bound means
-    more candidates, and each must select the same set on every kind of row."""
+    sub-chunk maximum's top 8*passes bits, or (0, not in the fused kernel) the maximum itself; a
+    looser lower bound means more candidates, and each must select the same set on every kind of
+    row."""
     cfg = dict(KERNEL_CONFIGS[kernel] or {}, bound_passes=passes)
     for name, x, lens in TC.cases("cpu", width=4096, k=64, bs=2):
         assert TC.check_rows(x, 64, lens, kernel=kernel, config=cfg) == 2, name
@@ -255,7 +317,7 @@ print("same")
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("kernel", ["radix", "bound"])
+@pytest.mark.parametrize("kernel", T.KERNELS)
 @pytest.mark.parametrize("pdl", [0, 1])
 def test_programmatic_launch_inside_a_graph_matches_torch(pdl, kernel):
     """Each kernel launched as a programmatic dependent of the one before, captured in a CUDA
