@@ -57,3 +57,12 @@ def test_a_speed_table_of_some_notebooks_says_what_its_ratio_covers(tmp_path):
         "| `gpu-x-abc/` | gpu | params/gpu.yaml | 097b0ba | 03 | 95.3 | 96.0 on 1 lane(s) "
         "| 0.30x of `gpu-old` (over 1 notebooks both list) |"
     )
+
+
+def test_a_bench_folders_notes_take_the_commit_from_its_name_whatever_follows_it():
+    from nblib.publish import results_figures as rf
+
+    names = ("h200-b6db959-topk", "h200-a80b02c", "h200-28675cc-badrows", "h200-notes")
+    assert [rf._folder_commit(n) for n in names] == ["b6db959", "a80b02c", "28675cc", "h200-notes"]
+    notes = rf.bench_notes(rf.ROOT / "outputs" / "bench")
+    assert {n.commit for n in notes if "/h200-b6db959-topk/" in n.path} == {"b6db959"}

@@ -350,12 +350,18 @@ NOTES = {
 class NoteFile(BaseModel):
     path: str
     name: str
-    commit: str  # from the folder's name, <device>-<commit>: the probes write no meta
+    commit: str  # from the folder's name, <device>-<commit>[-<what>]: the probes write no meta
+
+
+def _folder_commit(name):
+    """The commit in a folder's name <device>-<commit>[-<what>] (h200-28675cc-badrows): its first
+    part after the device that reads as a hex sha; the name as it is when none does."""
+    return next((p for p in name.split("-")[1:] if re.fullmatch(r"[0-9a-f]{7,40}", p)), name)
 
 
 def bench_notes(root):
     return [
-        NoteFile(path=_rel(p), name=p.name, commit=p.parent.name.rpartition("-")[2])
+        NoteFile(path=_rel(p), name=p.name, commit=_folder_commit(p.parent.name))
         for p in sorted(Path(root).glob("*-*/*"))
         if p.suffix in (".md", ".txt") and p.name != "bench.md"  # bench.md repeats bench.json
     ]
