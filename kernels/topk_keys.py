@@ -10,6 +10,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents
 
 from kernels import args as A
+from kernels.launch import run
 
 
 def check_topk_args(logits, k):
@@ -119,6 +120,35 @@ def _check_triton_args(logits, k, lengths, out):
     if out is not None:
         A.tensor("out", out, torch.int32, shape=(bs, k), last_contiguous=True)
         A.same_device(logits=logits, out=out)
+
+
+def _filter_select_config(defaults, config, passes):
+    """A filter-and-select kernel's config (kernels.topk_radix, kernels.topk_fused): `defaults`
+    updated by `config`, checked for what both kernels' code assumes; passes: the bound_passes
+    allowed."""
+    cfg = dict(defaults, **(config or {}))
+    A.need(set(cfg) <= set(defaults), f"unknown config keys {sorted(set(cfg) - set(defaults))}")
+    A.need(
+        cfg["radix_bits"] in (1, 2, 4, 8),
+        f"radix_bits must divide 32 and be 8 or less, got {cfg['radix_bits']}",
+    )
+    lo, hi = passes[0], passes[-1]
+    A.need(cfg["bound_passes"] in passes, f"bound_passes must be {lo} to {hi}, got {cfg['bound_passes']}")
+    for key in ("chunk", "cap"):
+        v = cfg[key]
+        A.need(v >= 16 and v & (v - 1) == 0, f"{key} must be a power of two >= 16, got {v}")
+    return cfg
+
+
+def _run_launches(launches, logits):
+    """Each launch checked for the device, then run in order (nothing for 0 rows); the last one's
+    out, the top-k indices (kernels.topk_radix, kernels.topk_fused)."""
+    for launch in launches:
+        A.launchable(launch.kernel, logits.device)
+    if logits.shape[0]:
+        for launch in launches:
+            run(launch)
+    return launches[-1].args["out_ptr"]
 
 
 def _sub_chunks(width, k, target):

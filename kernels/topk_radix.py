@@ -39,7 +39,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from kernels import args as A
 from kernels import topk_keys as T
-from kernels.launch import Case, Launch, run
+from kernels.launch import Case, Launch
 from kernels.topk_keys import NEG_INF_KEY, _kth_largest, _kth_largest_prefix, _order_key
 
 # ---------------------------------------------------------------------------
@@ -340,17 +340,8 @@ RADIX_CONFIG = dict(
 
 
 def _config(config):
-    cfg = dict(RADIX_CONFIG, **(config or {}))
-    A.need(set(cfg) <= set(RADIX_CONFIG), f"unknown config keys {sorted(set(cfg) - set(RADIX_CONFIG))}")
-    A.need(
-        cfg["radix_bits"] in (1, 2, 4, 8),
-        f"radix_bits must divide 32 and be 8 or less, got {cfg['radix_bits']}",
-    )
+    cfg = T._filter_select_config(RADIX_CONFIG, config, passes=(0, 1, 2, 3, 4))
     A.need(32 % cfg["bound_bits"] == 0, f"bound_bits must divide 32, got {cfg['bound_bits']}")
-    A.need(cfg["bound_passes"] in (0, 1, 2, 3, 4), f"bound_passes must be 0 to 4, got {cfg['bound_passes']}")
-    for key in ("chunk", "cap"):
-        v = cfg[key]
-        A.need(v >= 16 and v & (v - 1) == 0, f"{key} must be a power of two >= 16, got {v}")
     return cfg
 
 
@@ -400,13 +391,7 @@ def plan_topk_radix(logits, k, lengths=None, out=None, config=None, pdl=None):
 def topk_indices_radix(logits, k, lengths=None, out=None, *, config=None):
     """kernels.topk's contract by these kernels (float32 logits on CUDA; out int32 [bs, k] is
     filled and returned, or allocated when None). No host sync: safe under CUDA graph capture."""
-    launches = plan_topk_radix(logits, k, lengths, out, config)
-    for launch in launches:
-        A.launchable(launch.kernel, logits.device)
-    if logits.shape[0]:
-        for launch in launches:
-            run(launch)
-    return launches[-1].args["out_ptr"]
+    return T._run_launches(plan_topk_radix(logits, k, lengths, out, config), logits)
 
 
 def compile_cases(arch):

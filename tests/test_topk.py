@@ -125,13 +125,15 @@ def test_minus_inf_entries_are_never_candidates():
     assert out[1].tolist() == [-1] * 64 and out[2].tolist() == list(range(40)) + [-1] * 24
 
 
-def test_minus_inf_entries_are_never_radix_candidates():
-    """The same for the radix select: no chunk of the padded row lists a candidate, and the short
-    row's first chunk lists exactly its 40 finite entries, in index order."""
+@pytest.mark.parametrize("plan", [R.plan_topk_radix, F.plan_topk_fused], ids=["radix", "fused"])
+def test_minus_inf_entries_are_never_filter_candidates(plan):
+    """The same for the filter-and-select kernels: no chunk of the padded row lists a candidate,
+    the short row's first chunk lists exactly its 40 finite entries, in index order, and the -1s
+    follow them."""
     x = torch.randn(3, 4096)
     x[1] = NEG_INF
     x[2, 40:] = NEG_INF
-    launches = R.plan_topk_radix(x, 64, config=dict(chunk=1024))
+    launches = plan(x, 64, config=dict(chunk=1024))
     for launch in launches:
         run(launch)
     args = launches[-1].args
@@ -172,22 +174,6 @@ def test_fused_counter_needs_no_reset():
         run(launch)
     assert torch.equal(launches[-1].args["out_ptr"], T.ref_topk_indices(x, 64))
     assert arrived.tolist() == [4, 4, 4]
-
-
-def test_minus_inf_entries_are_never_fused_candidates():
-    """As for the radix select: the padded row lists no candidate, the short row exactly its 40
-    finite entries, and the -1s follow them."""
-    x = torch.randn(3, 4096)
-    x[1] = NEG_INF
-    x[2, 40:] = NEG_INF
-    launches = F.plan_topk_fused(x, 64, config=dict(chunk=1024))
-    for launch in launches:
-        run(launch)
-    args = launches[-1].args
-    counts, cidx, out = args["cnt_ptr"], args["cidx_ptr"], args["out_ptr"]
-    assert counts[1].tolist() == [0] * 4 and counts[2].tolist() == [40, 0, 0, 0]
-    assert cidx[2, :40].tolist() == list(range(40))
-    assert out[1].tolist() == [-1] * 64 and out[2].tolist() == list(range(40)) + [-1] * 24
 
 
 @pytest.mark.parametrize("kernel", T.KERNELS)
