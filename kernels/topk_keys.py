@@ -93,10 +93,12 @@ def _row_maxima_kernel(
     row = tl.program_id(0).to(tl.int64)
     if SYNC_WORDS > 0:  # one program of the row
         w = tl.arange(0, SYNC_WORDS)
+        # the program as a bound rather than a scalar bool broadcast over the block: Triton 3.9's
+        # interpreter splats a scalar int1 into int32 data, which tl.store refuses as a mask
         tl.store(
             sync_ptr + row * SYNC_WORDS + w,
             tl.zeros([SYNC_WORDS], tl.int32),
-            mask=(w >= 0) & (tl.program_id(1) == 0),
+            mask=w < tl.where(tl.program_id(1) == 0, SYNC_WORDS, 0),
         )
     n = width
     if HAS_LEN:
