@@ -40,8 +40,14 @@ from triton.language.extra.cuda import gdc_wait
 
 from kernels import topk_keys as T
 from kernels.launch import Case, Launch
-from kernels.topk_keys import NEG_INF_KEY, _order_key
-from kernels.topk_radix import _chosen, _gather, _select_in_blocks
+from kernels.topk_radix import (
+    _candidate_count,
+    _chosen,
+    _fill_unselected,
+    _gather,
+    _select_in_blocks,
+    _store_candidates,
+)
 from kernels.topk_row_bound import _pick_digit, _row_bound_kernel
 
 # ---------------------------------------------------------------------------
@@ -115,18 +121,14 @@ def _select_last(
     RADIX_BITS: tl.constexpr,
 ):
     """The row's top K from its candidate lists: the selected indices in index order, then -1s."""
-    c = tl.zeros([], tl.int32)
-    for q in tl.static_range(NUM_CHUNKS):
-        c += tl.load(cnt_row + q)
+    c = _candidate_count(cnt_row, NUM_CHUNKS)
     if c <= CAP:
         taken = _select_below_prefix(
             cnt_row, ci_row, ck_row, o_row, c, K, lower, CAP, NUM_CHUNKS, CHUNK, RADIX_BITS
         )
     else:  # ties or sorted rows: the lists read once per pass (exact, slower)
         taken = _select_in_blocks(cnt_row, ci_row, ck_row, o_row, c, K, CAP, NUM_CHUNKS, CHUNK, RADIX_BITS)
-    for start in range(0, K, CAP):  # -1 after the selected: -inf entries, or a row shorter than k
-        offs = start + tl.arange(0, CAP)
-        tl.store(o_row + offs, tl.full([CAP], -1, tl.int32), mask=(offs >= taken) & (offs < K))
+    _fill_unselected(o_row, taken, K, CAP)
 
 
 @triton.jit
@@ -167,12 +169,7 @@ def _fused_kernel(
     ci_row = cidx_ptr + row * stride_c
     ck_row = ckey_ptr + row * stride_c
     cnt_row = cnt_ptr + row * stride_n
-    key = _order_key(x)
-    cand = ok & (key >= lower) & (key > NEG_INF_KEY)  # -inf entries come out as -1 anyway
-    dst = p * CHUNK + tl.cumsum(cand.to(tl.int32), 0) - 1
-    tl.store(ci_row + dst, t, mask=cand)
-    tl.store(ck_row + dst, key.to(tl.int32, bitcast=True), mask=cand)
-    tl.store(cnt_row + p, tl.sum(cand.to(tl.int32)))
+    _store_candidates(x, t, ok, lower, ci_row, ck_row, cnt_row, p, CHUNK)
     # every thread's list entries are stored before one thread's release publishes them
     tl.debug_barrier()
     arrived = tl.atomic_add(arrived_ptr + row, 1, sem="acq_rel", scope="gpu")

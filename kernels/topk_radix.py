@@ -86,6 +86,14 @@ def _chunk_candidates(
     if PDL:
         gdc_wait()  # the maxima kernel's writes are visible after this
     lower = _row_bound(max_row, K, NUM_MAX, BOUND_BITS, BOUND_PASSES)
+    _store_candidates(x, t, ok, lower, ci_row, ck_row, cnt_row, p, CHUNK)
+
+
+@triton.jit
+def _store_candidates(x, t, ok, lower, ci_row, ck_row, cnt_row, p, CHUNK: tl.constexpr):
+    """Chunk p's entries x (at indices t, valid where ok) whose key reaches `lower` and is not
+    -inf, in index order, at ci_row/ck_row[p * CHUNK:], and how many at cnt_row[p] (kernels.topk_radix
+    and kernels.topk_fused filter alike)."""
     key = _order_key(x)
     cand = ok & (key >= lower) & (key > NEG_INF_KEY)  # -inf entries come out as -1 anyway
     dst = p * CHUNK + tl.cumsum(cand.to(tl.int32), 0) - 1
@@ -271,14 +279,27 @@ def _select_row(
     RADIX_BITS: tl.constexpr,
 ):
     """A row's top K from its candidate lists: the selected indices in index order, then -1s."""
-    c = tl.zeros([], tl.int32)
-    for q in tl.static_range(NUM_CHUNKS):
-        c += tl.load(cnt_row + q)
+    c = _candidate_count(cnt_row, NUM_CHUNKS)
     if c <= CAP:
         taken = _select_in_registers(cnt_row, ci_row, ck_row, o_row, c, K, CAP, NUM_CHUNKS, CHUNK, RADIX_BITS)
     else:
         taken = _select_in_blocks(cnt_row, ci_row, ck_row, o_row, c, K, CAP, NUM_CHUNKS, CHUNK, RADIX_BITS)
-    for start in range(0, K, CAP):  # -1 after the selected: -inf entries, or a row shorter than k
+    _fill_unselected(o_row, taken, K, CAP)
+
+
+@triton.jit
+def _candidate_count(cnt_row, NUM_CHUNKS: tl.constexpr):
+    """The row's candidates: the sum of its chunks' counts."""
+    c = tl.zeros([], tl.int32)
+    for q in tl.static_range(NUM_CHUNKS):
+        c += tl.load(cnt_row + q)
+    return c
+
+
+@triton.jit
+def _fill_unselected(o_row, taken, K, CAP: tl.constexpr):
+    """-1 after the `taken` selected indices: -inf entries, or a row shorter than k."""
+    for start in range(0, K, CAP):
         offs = start + tl.arange(0, CAP)
         tl.store(o_row + offs, tl.full([CAP], -1, tl.int32), mask=(offs >= taken) & (offs < K))
 
