@@ -389,3 +389,35 @@ def test_step_inputs_reach_the_gpu_through_pinned_memory_without_waiting_for_que
     queued = not torch.cuda.current_stream().query()  # the host ran ahead of the matmuls
     x.zero_()  # the host tensor changes after the call: the copy read its own pinned bytes
     assert queued and torch.equal(y.cpu(), torch.arange(4096 * 40, dtype=torch.int32).view(40, 4096))
+
+
+SERIAL_KNOBS = [{"index_dtype": "bf16"}, {"index_dtype": "fp8"}, {"topk_kernel": "triton"}]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("knobs", SERIAL_KNOBS, ids=["bf16", "fp8", "triton"])
+def test_cuda_serial_graph_references_give_the_eager_steps_bits(knobs):
+    from models import GRAPH
+
+    from nblib.engine import build
+    from nblib.engine.runner import same_bits
+
+    dev = device.get("cuda")
+    m = build.model(dev, dict(GRAPH, num_pages=256, **knobs))  # overlap on: the racing configuration
+    m.prefill_entries(torch.arange(64, 256 * 64, device="cuda"), torch.Generator("cuda").manual_seed(0))
+    serial = Runner(m, [1, 2, 4, 8]).capture()  # serial references by default on CUDA
+    eager = Runner(m, [1, 2, 4, 8], serial_references=False)
+    gen = torch.Generator().manual_seed(0)
+    for b in serial.buckets:
+        for _ in range(5):
+            args = (
+                torch.randint(0, 512, (b,), generator=gen),
+                torch.randint(1, 256, (b, 16), generator=gen, dtype=torch.int32),
+                torch.randint(1, 16 * 64, (b,), generator=gen, dtype=torch.int32),
+                torch.full((b,), 63),
+            )
+            args = tuple(a.cuda() for a in args)
+            ref = [t.clone() for t in serial.reference(*args)]
+            assert all(same_bits(a, e) for a, e in zip(ref, eager.reference(*args))), (b, knobs)
+    assert serial.serial_references and serial.serial_checks == {1: True, 2: True, 4: True, 8: True}

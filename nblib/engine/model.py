@@ -30,6 +30,7 @@ Knobs, as in the real engine:
                 block while the capture lasts.
 """
 
+import contextlib
 import functools
 import hashlib
 import math
@@ -53,6 +54,9 @@ TOPK_KERNELS = ("torch", "triton")
 # bug's path); fp8's indexer allocates its own logits on the stream it runs on
 HANDS_LOGITS_ACROSS = ("bf16",)
 PAGE = kx.PAGE
+# knobs that change only what a capture records, never the eager step's values: fixed to these, a
+# capture records the eager step's work (DecodeModel.serial)
+GRAPH_ONLY_KNOBS = dict(overlap="off", logits_policy="transient")
 
 
 def check_choice(name, value, choices):
@@ -235,6 +239,17 @@ class DecodeModel:
     def _logits_stream(self):
         """The stream that uses the logits while capturing (the persistent buffer's owner)."""
         return "side" if self.cfg.overlap == "on" else "main"
+
+    @contextlib.contextmanager
+    def serial(self):
+        """Capture the eager step's work: no fork, transient logits, the capture's notes dropped
+        (Runner.reference's serial graph; where the logits live never changes their values)."""
+        cfg, notes = self.cfg, self.captures
+        self.cfg, self.captures = replace(cfg, **GRAPH_ONLY_KNOBS), []
+        try:
+            yield
+        finally:
+            self.cfg, self.captures = cfg, notes
 
     # -- the step -------------------------------------------------------------------------------
     def step(self, tokens, page_table, seq_lens, store_slots):

@@ -37,10 +37,7 @@ import torch
 
 from nblib.core import files
 from nblib.core.paths import NBLIB, ROOT
-from nblib.engine.model import PAGE
-
-# knobs of ModelConfig that change only what the graph captures, never the eager step's values
-GRAPH_ONLY_KNOBS = dict(overlap="off", logits_policy="transient")
+from nblib.engine.model import GRAPH_ONLY_KNOBS, PAGE
 
 
 class Reference(NamedTuple):
