@@ -3,10 +3,12 @@ records is this project's, or "unknown", never the commit of some enclosing repo
 
 import json
 import subprocess
+import sys
 
 import pytest
 
 from nblib.core import files, results, tables
+from nblib.core.paths import ROOT
 
 
 def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path, monkeypatch):
@@ -71,3 +73,22 @@ def test_markdown_tables_one_writer():
     assert tables.from_dicts([], ["a", "b"], empty=None) == "| a | b |\n|---|---|"
     assert tables.markdown(("n", "v"), [(1, None)]) == tables.head(["n", "v"]) + "\n" + tables.line([1, None])
     assert tables.line([1, None]) == "| 1 | None |"
+
+
+def test_the_run_layer_imports_nbformat_without_its_iri_checker_and_still_validates():
+    # in a fresh interpreter: this process may have imported nbformat already
+    code = """
+import sys
+import nblib.run.suite
+import nbformat
+nb = nbformat.read("notebooks/05_report.ipynb", as_version=4)
+nbformat.validate(nb)
+del nb.cells[0]["source"]  # a cell without its source: the schema refuses it
+try:
+    nbformat.validate(nb)
+    print("invalid notebook accepted")
+except nbformat.ValidationError:
+    print("validated", sys.modules["rfc3987_syntax"] is None)
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=False)
+    assert r.stdout.strip() == "validated True", r.stderr[-2000:]
