@@ -38,7 +38,6 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_wait
 
-from kernels import args as A
 from kernels import topk_keys as T
 from kernels.launch import Case, Launch
 from kernels.topk_radix import (
@@ -49,7 +48,7 @@ from kernels.topk_radix import (
     _select_in_blocks,
     _store_candidates,
 )
-from kernels.topk_row_bound import _maxima_bound_kernel, _pick_digit, _row_bound_kernel
+from kernels.topk_row_bound import _pick_digit, _row_bound_kernel
 
 # ---------------------------------------------------------------------------
 # 1. Reference: kernels.topk.ref_topk_indices (the contract, ties to the lowest index)
@@ -206,14 +205,11 @@ FUSED_CONFIG = dict(
     bound_passes=2,
     bound_warps=8,
     pdl=1,
-    fold_bound=0,  # 1: the bound in the maxima launch's last program of each row (two launches)
 )
 
 
 def _config(config):
-    cfg = T._filter_select_config(FUSED_CONFIG, config, passes=(1, 2, 3, 4))
-    A.need(cfg["fold_bound"] in (0, 1), f"fold_bound must be 0 or 1, got {cfg['fold_bound']}")
-    return cfg
+    return T._filter_select_config(FUSED_CONFIG, config, passes=(1, 2, 3, 4))
 
 
 def plan_topk_fused(logits, k, lengths=None, out=None, config=None, pdl=None):
@@ -254,18 +250,6 @@ def plan_topk_fused(logits, k, lengths=None, out=None, config=None, pdl=None):
     fused_args.update(HAS_LEN=has_len, CHUNK=chunk, NUM_CHUNKS=chunks, CAP=cfg["cap"])
     fused_args.update(RADIX_BITS=cfg["radix_bits"], PDL=pdl)
     dependent = dict(num_stages=1, launch_pdl=pdl)
-    if cfg["fold_bound"]:
-        counters = torch.zeros(2, bs, **i32)  # the fused kernel's arrivals, the maxima kernel's
-        maxima_args.pop("sync_ptr")
-        maxima_args.pop("SYNC_WORDS")
-        maxima_args.update(bound_ptr=bound, count_ptr=counters[1], K=k, NUM_MAX=num_max)
-        maxima_args.update(PASSES=cfg["bound_passes"])
-        fused_args.update(arrived_ptr=counters[0])
-        maxima_grid = (bs, num_max // per_prog)
-        return (
-            Launch(_maxima_bound_kernel, maxima_grid, maxima_args, dict(num_warps=cfg["maxima_warps"])),
-            Launch(_fused_kernel, (bs, chunks), fused_args, dict(dependent, num_warps=cfg["num_warps"])),
-        )
     launches = [
         Launch(
             T._row_maxima_kernel, (bs, num_max // per_prog), maxima_args, dict(num_warps=cfg["maxima_warps"])

@@ -100,24 +100,6 @@ def _row_maxima_kernel(
             tl.zeros([SYNC_WORDS], tl.int32),
             mask=w < tl.where(tl.program_id(1) == 0, SYNC_WORDS, 0),
         )
-    _store_sub_maxima(x_ptr, len_ptr, max_ptr, row, width, stride_x, stride_m, HAS_LEN, SUB, SUBS)
-
-
-@triton.jit
-def _store_sub_maxima(
-    x_ptr,
-    len_ptr,
-    max_ptr,
-    row,
-    width,
-    stride_x,
-    stride_m,
-    HAS_LEN: tl.constexpr,
-    SUB: tl.constexpr,
-    SUBS: tl.constexpr,
-):
-    """This program's SUBS sub-chunk maxima of the row, stored (_row_maxima_kernel's work; also
-    kernels.topk_row_bound's maxima-and-bound kernel)."""
     n = width
     if HAS_LEN:
         n = tl.minimum(tl.maximum(tl.load(len_ptr + row), 0), width)

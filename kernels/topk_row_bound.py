@@ -15,8 +15,6 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from kernels.topk_keys import _store_sub_maxima
-
 
 @triton.jit
 def _pick_digit(hist, total, k_rem, prefix, RADIX_BITS: tl.constexpr):
@@ -72,36 +70,3 @@ def _row_bound_kernel(
     row = tl.program_id(0).to(tl.int64)
     maxima = tl.load(max_ptr + row * stride_m + tl.arange(0, NUM_MAX)).to(tl.uint32, bitcast=True)
     tl.store(bound_ptr + row, _kth_prefix(maxima, K, PASSES).to(tl.int32, bitcast=True))
-
-
-@triton.jit
-def _maxima_bound_kernel(
-    x_ptr,
-    len_ptr,
-    max_ptr,
-    bound_ptr,
-    count_ptr,
-    width,
-    K,
-    stride_x,
-    stride_m,
-    HAS_LEN: tl.constexpr,
-    SUB: tl.constexpr,
-    SUBS: tl.constexpr,  # sub-chunk maxima per program
-    NUM_MAX: tl.constexpr,
-    PASSES: tl.constexpr,
-    PDL: tl.constexpr,  # let the next kernel launch now: it waits for this grid in gdc_wait
-):
-    """The sub-chunk maxima (kernels.topk_keys._row_maxima_kernel's work) and, in the program of
-    the row that stores its maxima last, the row's bound (_row_bound_kernel's): one launch for
-    both. count[row] must be 0 when the kernel starts (the launcher zeroes it)."""
-    if PDL:
-        gdc_launch_dependents()
-    row = tl.program_id(0).to(tl.int64)
-    _store_sub_maxima(x_ptr, len_ptr, max_ptr, row, width, stride_x, stride_m, HAS_LEN, SUB, SUBS)
-    # every thread's maxima are stored before one thread's release publishes them
-    tl.debug_barrier()
-    arrived = tl.atomic_add(count_ptr + row, 1, sem="acq_rel", scope="gpu")
-    if arrived == tl.num_programs(1) - 1:  # every other program's maxima are out
-        maxima = tl.load(max_ptr + row * stride_m + tl.arange(0, NUM_MAX)).to(tl.uint32, bitcast=True)
-        tl.store(bound_ptr + row, _kth_prefix(maxima, K, PASSES).to(tl.int32, bitcast=True))

@@ -311,18 +311,3 @@ def test_programmatic_launch_inside_a_graph_matches_torch(pdl, kernel):
     process of its own)."""
     r = run_without_interpreter(["-c", PDL_IN_A_GRAPH, str(pdl), kernel], timeout=600)
     assert r.returncode == 0 and "same" in r.stdout, r.stdout[-2000:] + r.stderr[-4000:]
-
-
-def test_fused_with_the_bound_in_the_maxima_launch():
-    """fold_bound 1: two launches, the bound computed by each row's last maxima program; the
-    reference's indices on every kind of row, and every maxima program of a row counted once."""
-    for name, x, lens in TC.cases("cpu", width=4096, k=64, bs=3):
-        assert TC.check_rows(x, 64, lens, kernel="fused", config=dict(chunk=1024, fold_bound=1)) == 3, name
-    x = torch.randn(3, 4096)
-    launches = F.plan_topk_fused(x, 64, config=dict(chunk=1024, fold_bound=1))
-    assert [launch.kernel.fn.__name__ for launch in launches] == ["_maxima_bound_kernel", "_fused_kernel"]
-    for launch in launches:
-        run(launch)
-    counts = launches[0].args["count_ptr"]
-    assert counts.tolist() == [launches[0].grid[1]] * 3
-    assert torch.equal(launches[-1].args["out_ptr"], T.ref_topk_indices(x, 64))
