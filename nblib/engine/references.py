@@ -2,13 +2,14 @@
 workload on the same weights.
 
 Every step of run_sessions is compared with runner.reference: the eager single-stream step on the
-same padded batch (on CUDA, a replay of that step's serial graph, checked against the eager step bit
-for bit: nblib.engine.runner.Runner). That step never forks, so what it returns depends on the weights and the index
-dtype, the step's inputs and the caches' live entries, and on nothing the studies toggle: not the
-overlap (eager decode never forks), not the logits policy (where the logits live, not their
-values), not the mode, not the replay-timing seed, not an instrument. The caches' live entries are
-the run's own writes (prefill from the workload's seed, then the compressor's entries, which come
-before the fork and which no race touches), so within a workload they follow from the step's index.
+same padded batch (on CUDA, a replay of that step's serial graph, checked against the eager step
+bit for bit: nblib.engine.runner.Runner). That step never forks, so what it returns depends on the
+weights and the index dtype, the step's inputs and the caches' live entries, and on nothing the
+studies toggle: not the overlap (eager decode never forks), not the logits policy (where the logits
+live, not their values), not the mode, not the replay-timing seed, not an instrument. The caches'
+live entries are the run's own writes (prefill from the workload's seed, then the compressor's
+entries, which come before the fork and which no race touches), so within a workload they follow
+from the step's index.
 
 A study that runs one workload on several configurations (the matrix's modes and overlaps, the
 protocol's one-knob changes, the designs' arms, the fix's variants) gives their runners one
