@@ -177,16 +177,6 @@ def _digit_hist(key, ok, prefix, P: tl.constexpr, RADIX_BITS: tl.constexpr):
 
 
 @triton.jit
-def _digit_hist_at(key, ok, prefix, sh, RADIX_BITS: tl.constexpr):
-    """_digit_hist with the digit's shift `sh` a runtime value (a loop's pass): the keys whose bits
-    above the digit equal prefix (all of them on the first pass, where prefix is 0)."""
-    top = sh + RADIX_BITS
-    hi = tl.where(top >= 32, 0, key >> tl.minimum(top, 31).to(tl.uint32))
-    digit = ((key >> sh.to(tl.uint32)) & ((1 << RADIX_BITS) - 1)).to(tl.int32)
-    return tl.histogram(digit, 1 << RADIX_BITS, mask=ok & (hi == prefix))
-
-
-@triton.jit
 def _pick(hist, k_rem, prefix, RADIX_BITS: tl.constexpr):
     """The digit of the k_rem-th largest key from its histogram: (prefix with it appended, k_rem
     within its bin, whether that bin is taken whole)."""
@@ -253,22 +243,19 @@ def _select_in_blocks(
     CHUNK: tl.constexpr,
     RADIX_BITS: tl.constexpr,
 ):
-    """More than CAP candidates: the same select, gathering CAP at a time on every pass. The passes
-    are a loop, not unrolled: each re-reads the lists (the time is the reads'), and unrolled they
-    made this rare path most of the kernels' code and compile time."""
+    """More than CAP candidates: the same select, gathering CAP at a time on every pass."""
     prefix = tl.zeros([], tl.uint32)
     shift = tl.full([], 32, tl.int32)
     k_rem = K + tl.zeros([], tl.int32)
     done = c <= K
-    for p in range(32 // RADIX_BITS):
+    for p in tl.static_range(32 // RADIX_BITS):
         if not done:
-            sh = 32 - RADIX_BITS * (p + 1)
             hist = tl.zeros([1 << RADIX_BITS], tl.int32)
             for start in range(0, c, CAP):
                 key, _, ok = _gather(cnt_row, ci_row, ck_row, start, CAP, NUM_CHUNKS, CHUNK)
-                hist += _digit_hist_at(key, ok, prefix, sh, RADIX_BITS)
+                hist += _digit_hist(key, ok, prefix, p, RADIX_BITS)
             prefix, k_rem, done = _pick(hist, k_rem, prefix, RADIX_BITS)
-            shift = sh + tl.zeros([], tl.int32)
+            shift = tl.full([], 32 - RADIX_BITS * (p + 1), tl.int32)
     taken = tl.zeros([], tl.int32)
     ties = tl.zeros([], tl.int32)
     for start in range(0, c, CAP):
