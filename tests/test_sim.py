@@ -385,14 +385,20 @@ def _batches(n, bs, gen, max_pages=16, num_pages=256):
         )
 
 
-def _divergent_steps(**knobs):
+def _sim_model(gen, **knobs):
+    """The SIM model on a fresh simulator, every page but the scratch one prefilled from gen."""
     from nblib.engine.model import DecodeModel, ModelConfig
+
+    m = DecodeModel(ModelConfig(**SIM, **knobs), SimDevice(seed=0))
+    m.prefill_entries(torch.arange(64, 256 * 64), gen)
+    return m
+
+
+def _divergent_steps(**knobs):
     from nblib.engine.runner import Runner
 
-    dev = SimDevice(seed=0)
-    m = DecodeModel(ModelConfig(**SIM, **knobs), dev)
     gen = torch.Generator().manual_seed(0)
-    m.prefill_entries(torch.arange(64, 256 * 64), gen)
+    m = _sim_model(gen, **knobs)
     r = Runner(m, [1, 2, 4, 8]).capture()
     bad = {}
     for b in r.buckets:
@@ -423,18 +429,11 @@ def test_model_overlap_bf16_transient_aliases_and_diverges():
     assert sum(bad.values()) > 0, bad
 
 
-def _sim_model(**knobs):
-    from nblib.engine.model import DecodeModel, ModelConfig
-
-    m = DecodeModel(ModelConfig(**SIM, **knobs), SimDevice(seed=0))
-    m.prefill_entries(torch.arange(64, 256 * 64), torch.Generator().manual_seed(0))
-    return m
-
-
 def test_serial_graph_references_give_the_eager_steps_bits_and_still_see_the_race():
     from nblib.engine.runner import Runner, same_bits
 
-    m = _sim_model(overlap="on")  # the racing configuration: its references must not race
+    # the racing configuration: its references must not race
+    m = _sim_model(torch.Generator().manual_seed(0), overlap="on")
     serial = Runner(m, [1, 2, 4, 8], serial_references=True).capture()
     eager = Runner(m, [1, 2, 4, 8], serial_references=False)
     gen, bad = torch.Generator().manual_seed(0), 0
@@ -466,7 +465,7 @@ def test_a_serial_graph_that_differs_from_eager_turns_the_runner_back_to_eager(m
         self.w_o = w_o
 
     monkeypatch.setattr(DecodeModel, "serial", doubled_output)
-    m = _sim_model(overlap="off")
+    m = _sim_model(torch.Generator().manual_seed(0), overlap="off")
     r = Runner(m, [2], serial_references=True)
     args = next(_batches(1, 2, torch.Generator().manual_seed(0)))
     with pytest.warns(UserWarning, match="eager references from here on"):
