@@ -4,6 +4,7 @@ memset nodes, a real path, an op with no node. CPU only: the simulator's graphs,
 (matched through pointers and stream chains, not node i = op i), then altered."""
 
 import ctypes
+import random
 
 import pytest
 from models import GRAPH
@@ -320,3 +321,16 @@ def test_a_real_join_after_top_k_still_contradicts_with_its_path(model_capture):
     assert len(cc.contradicted) == len({(h.first.index, h.second.index) for h in hz})
     assert all(f"{sort} -> {mm_node}" in x for x in cc.contradicted)
     assert any(x.startswith("write-after-read: aten::topk (op") for x in cc.contradicted)
+
+
+def test_spans_answer_as_the_scan_over_every_range_does():
+    # the internal-kernel test asks, per pointer of every node, whether any recorded access holds it
+    rng = random.Random(0)
+    for _ in range(200):
+        ranges = [
+            (lo, lo + rng.choice([0, 1, 5, 40]))
+            for lo in (rng.randrange(200) for _ in range(rng.randrange(12)))
+        ]
+        spans = audit_graph._Spans(ranges)
+        for p in range(-2, 260):
+            assert (p in spans) == any(lo <= p < hi for lo, hi in ranges), (ranges, p)
