@@ -2,6 +2,8 @@
 the notebook's namespace, and papermill runs the notebook in it."""
 
 import json
+import subprocess
+import sys
 
 import nbformat
 import papermill as pm
@@ -28,6 +30,20 @@ def test_the_modules_are_every_import_of_every_code_cell(tmp_path):
     names = warm.imported_modules(nb)
     assert names[: len(warm.ALWAYS)] == list(warm.ALWAYS)
     assert names[len(warm.ALWAYS) :] == ["json", "email", "email.message", "email.utils", "wave"]
+
+
+def test_torch_imports_dynamo_at_a_custom_ops_first_call_which_the_warm_up_takes_ahead():
+    # the reason torch._dynamo is in ALWAYS: no import statement of a notebook names it, yet the
+    # first replay or reference of every study pays for it (torch.library's dynamo-disabled wrapper)
+    code = (
+        "import sys, torch, kernels.ops\n"
+        "before = 'torch._dynamo' in sys.modules\n"
+        "torch.ops.csi.topk_indices(torch.zeros(1, 8), 2, None)\n"
+        "print(before, 'torch._dynamo' in sys.modules)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert done.stdout.split() == ["False", "True"]
+    assert "torch._dynamo" in warm.ALWAYS
 
 
 def test_the_suites_notebooks_warm_what_their_setup_cell_imports():

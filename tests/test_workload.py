@@ -18,8 +18,11 @@ from nblib.engine.workload import (
     bad_rows,
     build_batch,
     in_bucket,
+    inputs_to_device,
+    pack,
     replay_step,
     run_sessions,
+    unpack,
     verdicts,
 )
 from nblib.studies.reproduce import check_matrix_args, fingerprint, verdict
@@ -421,3 +424,35 @@ def test_cuda_serial_graph_references_give_the_eager_steps_bits(knobs):
             ref = [t.clone() for t in serial.reference(*args)]
             assert all(same_bits(a, e) for a, e in zip(ref, eager.reference(*args))), (b, knobs)
     assert serial.serial_references and serial.serial_checks == {1: True, 2: True, 4: True, 8: True}
+
+
+def _step_inputs():
+    # a step's inputs as build_batch makes them: int64 tokens and slots, an int32 table and lengths;
+    # odd sizes, so a packed offset that ignored alignment would land off 16 bytes
+    g = torch.Generator().manual_seed(0)
+    return (
+        torch.randint(0, 512, (3,), generator=g),
+        torch.randint(0, 1200, (3, 5), generator=g, dtype=torch.int32),
+        torch.randint(1, 900, (3,), generator=g, dtype=torch.int32),
+        torch.randint(0, 9000, (3,), generator=g),
+    )
+
+
+def test_packed_inputs_come_back_with_their_values_dtypes_shapes_and_aligned():
+    host = _step_inputs()
+    buf, offsets = pack(host)
+    views = unpack(buf.clone(), host, offsets)
+    for x, v, o in zip(host, views, offsets):
+        assert v.dtype == x.dtype and v.shape == x.shape and torch.equal(v, x)
+        assert o % 16 == 0 and (v.data_ptr() - views[0].data_ptr()) % 16 == 0
+    assert len(set(offsets)) == len(host)  # no two inputs share bytes
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_inputs_reach_the_gpu_in_one_copy_with_their_values():
+    host = _step_inputs()
+    on = inputs_to_device(host, "cuda")
+    assert len({v.untyped_storage().data_ptr() for v in on}) == 1  # one device buffer, one copy
+    for x, v in zip(host, on):
+        assert v.device.type == "cuda" and v.dtype == x.dtype and torch.equal(v.cpu(), x)

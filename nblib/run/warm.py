@@ -16,8 +16,10 @@ from pathlib import Path
 from jupyter_client.manager import AsyncKernelManager
 from jupyter_core.utils import run_sync
 
-# what nblib.setup imports lazily (nblib.__getattr__), which no import statement names
-ALWAYS = ("torch", "nblib.run.notebook")
+# what nblib.setup imports lazily (nblib.__getattr__), which no import statement names; and
+# torch._dynamo, which torch imports at the first call of a custom op (torch.library wraps each in
+# a dynamo-disabled function): the csi ops' first call, 1.7 s on the 2-core machine, in every notebook
+ALWAYS = ("torch", "torch._dynamo", "nblib.run.notebook")
 
 WARM_CODE = """def _nblib_warm(names):
     import importlib
