@@ -12,14 +12,14 @@ what this shows. Needs IPython (the notebooks display with it); no Jupyter kerne
 
 import argparse
 import cProfile
-import io
 import json
-import pstats
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path.cwd()))  # the checkout the script is run from
+
+from profile_piece import write_profile  # noqa: E402  (scripts/, the script's own folder)
 
 from nblib.core import phases  # noqa: E402
 from nblib.schema import params as P  # noqa: E402
@@ -63,11 +63,7 @@ def profile_one(name, profile, out, top):
     times = [phases.PhaseTime(**p) for p in res.get("phases", [])]
     if times:
         lines.append(phases.table(times, res.get("wall_seconds", wall)) + "\n")
-    for key in ("cumulative", "tottime"):
-        s = io.StringIO()
-        pstats.Stats(prof, stream=s).sort_stats(key).print_stats(top)
-        lines.append(s.getvalue())
-    (out / f"{name}.txt").write_text("".join(lines))
+    write_profile(prof, lines, top, out / f"{name}.txt")
     print(f"{name}: {wall:.1f} s wall -> {out / (name + '.txt')}")
 
 

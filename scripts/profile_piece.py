@@ -139,19 +139,24 @@ def main():
     lines = PIECES[args.piece](dev, profile, args) or []
     prof.disable()
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-    buf = io.StringIO()
     head = f"piece {args.piece}, profile {args.params}, backend {dev.name}"
-    buf.write(f"{head}: {wall:.1f} s wall, {cpu:.1f} s CPU\n")
+    lines = [f"{head}: {wall:.1f} s wall, {cpu:.1f} s CPU\n", *lines]
+    print(write_profile(prof, lines, args.top, Path(args.out) / f"{args.piece}.txt"))
+
+
+def write_profile(prof, lines, top, path):
+    """`lines`, then the top `top` functions of `prof` by cumulative and by own time, written to
+    path atomically (the old file or the new one); returns the first line."""
+    buf = io.StringIO()
     buf.writelines(lines)
     stats = pstats.Stats(prof, stream=buf).strip_dirs()
-    stats.sort_stats("cumulative").print_stats(args.top)
-    stats.sort_stats("tottime").print_stats(args.top)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    tmp = out / f".{args.piece}.txt.tmp"
+    stats.sort_stats("cumulative").print_stats(top)
+    stats.sort_stats("tottime").print_stats(top)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(buf.getvalue())
-    tmp.replace(out / f"{args.piece}.txt")  # atomic: the old file or the new one
-    print(buf.getvalue().splitlines()[0])
+    tmp.replace(path)
+    return buf.getvalue().splitlines()[0]
 
 
 if __name__ == "__main__":

@@ -84,7 +84,9 @@ def _crossings(n, edges):
 def match(ops, raw):
     """A Match for `ops` (a trace's ops, host order) on the RawGraph `raw`."""
     if raw.source == "simulator":
-        return Match({op.index: OpNodes((op.index,), "pointers") for op in ops}, [])
+        known = [r for op in ops for r in _ranges(op)]
+        inside = [[p for p in nd.pointers if _inside(p, known)] for nd in raw.nodes]
+        return Match({op.index: OpNodes((op.index,), "pointers") for op in ops}, [], [], inside)
     n, m = len(raw.nodes), len(ops)
     ev = _Evidence(ops, raw)
     edges = set(raw.edges)
@@ -124,7 +126,8 @@ def match(ops, raw):
                 if old is None or s > old.score:
                     best[i + 1][j2] = _State(s, lasts, (j, j, j2))
     if n not in best[m]:  # no ops (or no nodes): nothing matched
-        return Match({op.index: OpNodes((), "none") for op in ops}, [k for k in range(n) if ev.rec[k]])
+        none = {op.index: OpNodes((), "none") for op in ops}
+        return Match(none, [k for k in range(n) if ev.rec[k]], [], ev.rec)
     got, j = {}, n
     for i in range(m, 0, -1):
         pj, a, b = best[i][j].back

@@ -321,7 +321,7 @@ def inputs_to_device(host, d):
     dtypes and shapes (unpack). One pinned staging and one copy a step instead of one per input: the
     host's work between replays is what bounds the eager rows. The CPU (the simulator) takes each."""
     if torch.device(d).type != "cuda":
-        return tuple(x.to(d) for x in host)
+        return tuple(to_device(x, d) for x in host)
     staged, offsets = pack(host, pin=True)
     # the caching host allocator keeps `staged` from reuse until the copy has run
     return unpack(staged.to(d, non_blocking=True), host, offsets)

@@ -32,7 +32,6 @@ reachability:
 Reading the graph (CUDA's driver API through ctypes, or the simulator): nblib.instruments.graph_read.
 """
 
-import bisect
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -143,11 +142,10 @@ def crosscheck(trace, hazards, raw):
     anc = raw.ancestors()
     cc = CrossCheck(raw.source, len(raw.nodes), unclaimed=[_node(raw, k) for k in got.unclaimed])
     cc.topological = all(a < b for a, b in raw.edges)
-    known = _Spans((a.addr, a.addr + a.nbytes) for op in ops for a in op.accesses)
-    for n in raw.nodes:
+    for n, inside in zip(raw.nodes, got.inside):
         if n.blind:
             cc.blind.append(f"{n.name} (node {n.index}): {n.unreadable or '0 params read'}")
-        elif n.kind == "kernel" and not any(p in known for p in n.pointers):
+        elif n.kind == "kernel" and not inside:  # no pointer into any recorded access's bytes
             cc.internal.append(f"{n.name} (node {n.index}, {n.params_read} params read)")
         elif n.kind == "kernel" and n.index in got.reused:
             cc.internal.append(f"{n.name} (node {n.index}, {n.params_read} params read, on reused bytes)")
@@ -186,24 +184,6 @@ def crosscheck(trace, hazards, raw):
         else:
             cc.missed.append(what + note)
     return cc
-
-
-class _Spans:
-    """Byte ranges [lo, hi), merged and sorted, so `p in spans` is one bisection: a CUDA-sized
-    capture reads thousands of pointers from its nodes against thousands of recorded accesses."""
-
-    def __init__(self, ranges):
-        self.lo, self.hi = [], []
-        for lo, hi in sorted(r for r in ranges if r[0] < r[1]):
-            if self.hi and lo < self.hi[-1]:
-                self.hi[-1] = max(self.hi[-1], hi)
-            else:
-                self.lo.append(lo)
-                self.hi.append(hi)
-
-    def __contains__(self, p):
-        i = bisect.bisect_right(self.lo, p) - 1
-        return i >= 0 and p < self.hi[i]
 
 
 def _op(op, on=None):

@@ -59,6 +59,7 @@ class Match(NamedTuple):
     ops: dict  # op index -> OpNodes
     unclaimed: list  # node indices pointing into bytes live at their op's place that it does not access
     reused: list = []  # kernel nodes pointing only at recorded bytes not live at their op's place
+    inside: list = []  # per node (by index): its addresses inside some recorded access's bytes
 
 
 class _Span(NamedTuple):
@@ -247,12 +248,14 @@ def _align(ops, raw, ev):
 def match(ops, raw):
     """A Match for `ops` (a trace's ops, host order) on the RawGraph `raw`."""
     if raw.source == "simulator":
-        return Match({op.index: OpNodes((op.index,), "pointers") for op in ops}, [])
+        inside = _containment(_spans(ops), raw.nodes)[2]
+        return Match({op.index: OpNodes((op.index,), "pointers") for op in ops}, [], [], inside)
     n, m = len(raw.nodes), len(ops)
     ev = _Evidence(ops, raw)
     back, final = _align(ops, raw, ev)
     if final == -np.inf:  # no ops (or no nodes): nothing matched
-        return Match({op.index: OpNodes((), "none") for op in ops}, [k for k in range(n) if ev.rec[k]])
+        none = {op.index: OpNodes((), "none") for op in ops}
+        return Match(none, [k for k in range(n) if ev.rec[k]], [], ev.rec)
     got, j = {}, n
     for i in range(m, 0, -1):
         pj = int(back[i - 1][j])
@@ -274,7 +277,7 @@ def _match(ops, got, ev, n):
             unclaimed.append(k)
         else:
             reused.append(k)
-    return Match(got, unclaimed, reused)
+    return Match(got, unclaimed, reused, ev.rec)
 
 
 def _classify(op, run, raw, ev):
