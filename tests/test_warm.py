@@ -164,3 +164,25 @@ def test_a_failed_notebook_closes_the_kernels_started_ahead_of_it(monkeypatch, t
         suite._run_each(["a", "b", "c", "d"], {}, None, tmp_path, 60)
     assert ("run", "c") not in events
     assert sorted(n for e, n in events if e == "close") == ["a", "b", "c", "d"]  # c and d never ran
+
+
+def test_the_notebook_after_the_lanes_gets_a_kernel_started_while_they_ran(monkeypatch, tmp_path):
+    """05 runs after the lanes: its kernel starts before them (the parent only waits on the lanes)
+    and is the one it runs in, not one started after the last lane; a failed lane closes it."""
+    suite, events = _suite_with_fakes(monkeypatch)
+    monkeypatch.setattr(suite, "_run_lanes", lambda *a: events.append(("lanes", None)))
+    first = suite._lanes_then_warm([["00"], ["01"]], [None, None], None, tmp_path, 60, ["05", "x"])
+    suite._run_each(["05", "x"], {}, None, tmp_path, 60, first)
+    assert events[:2] == [("start", "05"), ("lanes", None)]
+    assert suite._lanes_then_warm([["00"]], [None], None, tmp_path, 60, []) is None  # nothing after them
+    assert [n for e, n in events if e == "start"] == ["05", "x"]  # 05's kernel was not started twice
+    assert events.index(("run", "05")) < events.index(("run", "x"))
+
+    def failing(*a):
+        raise SystemExit("a lane failed")
+
+    events.clear()
+    monkeypatch.setattr(suite, "_run_lanes", failing)
+    with pytest.raises(SystemExit, match="a lane failed"):
+        suite._lanes_then_warm([["00"], ["01"]], [None, None], None, tmp_path, 60, ["05"])
+    assert events == [("start", "05"), ("close", "05")]

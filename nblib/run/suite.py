@@ -72,13 +72,29 @@ def run(params_path=None, out=None, only=None, timeout=1800, lanes=1, fresh=Fals
     if fresh:
         shutil.rmtree(out / ".references", ignore_errors=True)
     print(f"suite: {len(notebooks)} notebook(s), profile {params_path}, outputs in {out}")
+    first = None
     if len(plan) > 1:
-        _run_lanes(plan, gpus, params_path, out, timeout)
         notebooks = [n for n in notebooks if not any(n in lane for lane in plan)]
+        first = _lanes_then_warm(plan, gpus, params_path, out, timeout, notebooks)
     records = runindex.load_index(out)
     with _stop_on_sigterm():
-        records = _run_each(notebooks, profile, params_path, out, timeout) or records
+        records = _run_each(notebooks, profile, params_path, out, timeout, first) or records
     return records
+
+
+def _lanes_then_warm(plan, gpus, params_path, out, timeout, rest):
+    """The lanes, with the kernel of the first notebook after them (05) started and importing
+    while they run: the parent only waits on the lanes, and that kernel's start and imports (about
+    7 s on the 2-core machine) would otherwise follow the last lane. Returns that kernel (None
+    when there is no notebook after the lanes or it could not start); closed if a lane fails."""
+    first = _warm(rest[0]) if rest else None
+    try:
+        _run_lanes(plan, gpus, params_path, out, timeout)
+    except BaseException:
+        if first is not None:
+            first.close()
+        raise
+    return first
 
 
 TUNED_ON = "H200"  # the GPU params/gpu.yaml's trunk depth was measured on
@@ -133,11 +149,14 @@ def kernels_ahead(cores=None):
     return 1 if cores < 8 else 2
 
 
-def _run_each(notebooks, profile, params_path, out, timeout):
+def _run_each(notebooks, profile, params_path, out, timeout, first=None):
+    """Each notebook in turn, the next ones' kernels started ahead; first: the first notebook's
+    kernel when it was started earlier (_lanes_then_warm)."""
     records = None
     bar = tqdm(notebooks, desc="suite", unit="nb")
-    ahead = collections.deque()  # kernels started for the notebooks after the one running
-    started = 0
+    # kernels started for the notebooks after the one running
+    ahead = collections.deque([] if first is None else [first])
+    started = len(ahead)
 
     def start_upto(n):  # the kernels of notebooks[:n], those not started yet
         nonlocal started
