@@ -40,7 +40,8 @@ test: lint
 # make test-newest   the newest torch and Triton that pyproject.toml's bounds admit, in a venv of
 # their own (.venv-newest), on the tests of the version-sensitive code (NEWEST_TESTS): the private-API
 # checks, the kernels in Triton's interpreter and their compile checks for every target, the device
-# facade, the simulator, the recorder and the audit. The notebook suite, the site, the lab and the
+# facade, the simulator, the recorder and the audit, one worker per core as make test (TEST_WORKERS;
+# pytest below 9.2 for --dist loadgroup, as pyproject.toml's test extra). The notebook suite, the site, the lab and the
 # sweeps use nothing of torch or Triton that these do not, and take minutes, so they run on the
 # pinned versions only (make test); the venv gets the packages these tests import, not Jupyter.
 # pip's default index serves the CUDA build of torch (several GB with its CUDA packages).
@@ -51,7 +52,7 @@ NEWEST_PY := .venv-newest/bin/python
 NEWEST_TORCH ?= torch==2.15.0
 NEWEST_TRITON ?= triton==3.9.0
 NEWEST_PIP_ENV ?= PIP_CONSTRAINT=/dev/null
-NEWEST_DEPS := numpy scipy matplotlib pyyaml 'pydantic>=2' pandas jinja2 tqdm pytest
+NEWEST_DEPS := numpy scipy matplotlib pyyaml 'pydantic>=2' pandas jinja2 tqdm 'pytest<9.2' pytest-xdist
 NEWEST_TESTS ?= test_private_api.py test_topk.py test_instrument_kernels.py test_indexer.py \
 	test_kernel_compile.py test_device.py test_sim.py test_recorder.py test_audit.py test_audit_cli.py
 
@@ -63,7 +64,7 @@ NEWEST_TESTS ?= test_private_api.py test_topk.py test_instrument_kernels.py test
 
 test-newest: .venv-newest/.stamp
 	$(NEWEST_PY) -c "import torch, triton; print('test-newest: torch', torch.__version__, 'triton', triton.__version__)"
-	$(NEWEST_PY) -m pytest -q $(addprefix tests/,$(NEWEST_TESTS))
+	$(NEWEST_PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup $(addprefix tests/,$(NEWEST_TESTS))
 
 # the suite, then its speed table (each notebook's wall and phase times) beside the previous one of
 # this machine: outputs/bench-suite/<machine>-<profile>-<commit>/speed.md
