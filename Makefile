@@ -41,9 +41,10 @@ test: lint
 # their own (.venv-newest), on the tests of the version-sensitive code (NEWEST_TESTS): the private-API
 # checks, the kernels in Triton's interpreter and their compile checks for every target, the device
 # facade, the simulator, the recorder and the audit, one worker per core as make test (TEST_WORKERS;
-# pytest below 9.2 for --dist loadgroup, as pyproject.toml's test extra). The notebook suite, the site, the lab and the
-# sweeps use nothing of torch or Triton that these do not, and take minutes, so they run on the
-# pinned versions only (make test); the venv gets the packages these tests import, not Jupyter.
+# pytest below 9.2 for --dist loadgroup, as pyproject.toml's test extra). The notebook suite, the
+# site, the lab and the sweeps use nothing of torch or Triton that these do not, and take minutes,
+# so they run on the pinned versions only (make test); the venv gets the packages these tests
+# import, not Jupyter.
 # pip's default index serves the CUDA build of torch (several GB with its CUDA packages).
 # NEWEST_PIP_ENV lifts a machine-wide pip constraint (a pip.conf `constraint`) that caps torch
 # below the newest, for this venv only, and keeps the machine's other pip settings (its indexes);
