@@ -4,14 +4,15 @@ cut-down copies of its last launch that time the filter without the select and t
 gather without its radix passes. The cut-down copies write wrong outputs on purpose: they are
 timed, never checked; the whole kernel is checked against the reference first.
 
-    python3 scripts/topk_stages.py --out DIR [--shape 32 65536 512]
+    python3 scripts/topk_stages.py --out DIR [--config JSON] [--name stages] [--shape 32 65536 512]
 
-Writes DIR/stages.{json,md} (kernels.harness.write_table). Every figure is a CUDA-graph replay
+Writes DIR/<name>.{json,md} (kernels.harness.write_table). Every figure is a CUDA-graph replay
 after a clean L2 flush (kernels.harness.median_us); differences between rows are each stage's
 cost as the graph sees it, launch gaps and programmatic-dependent overlap included.
 """
 
 import argparse
+import json
 import os
 import sys
 
@@ -80,18 +81,19 @@ def _cut_kernel(
 
 def _cut(fused, gather):
     """The fused launch with its kernel swapped for _cut_kernel."""
-    return Launch(_cut_kernel, fused.grid, dict(fused.args, GATHER=gather), fused.options)
+    args = {k: v for k, v in fused.args.items() if k != "WINDOW"}  # the cut select reads no windows
+    return Launch(_cut_kernel, fused.grid, dict(args, GATHER=gather), fused.options)
 
 
 def _fn(launches):
     return lambda: [launch.kernel[launch.grid](**launch.args, **launch.options) for launch in launches]
 
 
-def stages(bs, width, k):
-    """Rows of (stage, us, added_us, note), the whole kernel checked first."""
+def stages(bs, width, k, config=None):
+    """Rows of (stage, us, added_us, note), the whole kernel (with `config`) checked first."""
     x = torch.randn(bs, width, device="cuda")
     out = torch.empty(bs, k, dtype=torch.int32, device="cuda")
-    maxima, bound, fused = topk_fused.plan_topk_fused(x, k, out=out)
+    maxima, bound, fused = topk_fused.plan_topk_fused(x, k, out=out, config=config)
     _fn([maxima, bound, fused])()
     if not torch.equal(out, topk.ref_topk_indices(x, k)):
         raise SystemExit("the fused top-k disagrees with the reference: nothing timed")
@@ -114,14 +116,17 @@ def stages(bs, width, k):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default=None)
+    p.add_argument("--name", default="stages", help="the table's file name in --out")
+    p.add_argument("--config", default="{}", help="the fused kernel's config, as JSON")
     p.add_argument("--shape", type=int, nargs=3, default=(32, 65536, 512), metavar=("BS", "WIDTH", "K"))
     a = p.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("topk_stages needs a CUDA GPU: run it on one (the stages are GPU timings)")
     bs, width, k = a.shape
-    rows = stages(bs, width, k)
-    info = meta(shape=dict(bs=bs, width=width, k=k), flush="clean", triton_version=triton.__version__)
-    print(write_table(a.out, "stages", info, rows, COLS))
+    config = json.loads(a.config)
+    rows = stages(bs, width, k, config)
+    info = meta(shape=dict(bs=bs, width=width, k=k), flush="clean", config=config)
+    print(write_table(a.out, a.name, info, rows, COLS))
 
 
 if __name__ == "__main__":
