@@ -38,7 +38,6 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_wait
 
-from kernels import args as A
 from kernels import topk_keys as T
 from kernels.launch import Case, Launch
 from kernels.topk_radix import (
@@ -71,10 +70,22 @@ def _bit_length(v):
 
 
 @triton.jit
-def _select_loaded(key, idx, ok, o_row, c, K, lower, RADIX_BITS: tl.constexpr):
-    """c candidates (key, idx where ok, in index order), all >= lower: the radix passes on registers
-    over the bits below their common prefix; writes the selected indices in index order, returns
-    how many."""
+def _select_below_prefix(
+    cnt_row,
+    ci_row,
+    ck_row,
+    o_row,
+    c,
+    K,
+    lower,
+    CAP: tl.constexpr,
+    NUM_CHUNKS: tl.constexpr,
+    CHUNK: tl.constexpr,
+    RADIX_BITS: tl.constexpr,
+):
+    """c <= CAP candidates, all >= lower: loaded once, the radix passes on registers over the bits
+    below their common prefix; writes the selected indices in index order, returns how many."""
+    key, idx, ok = _gather(cnt_row, ci_row, ck_row, 0, CAP, NUM_CHUNKS, CHUNK)
     top = tl.max(tl.where(ok, key, 0))
     # the varying bits, rounded up to whole digits; the bits above them are every key's
     vary = (_bit_length(top ^ lower) + RADIX_BITS - 1) // RADIX_BITS * RADIX_BITS
@@ -97,47 +108,6 @@ def _select_loaded(key, idx, ok, o_row, c, K, lower, RADIX_BITS: tl.constexpr):
 
 
 @triton.jit
-def _gather_windows(
-    cnt_row, ci_row, ck_row, WINDOW: tl.constexpr, NUM_CHUNKS: tl.constexpr, CHUNK: tl.constexpr
-):
-    """The first WINDOW slots of every chunk's list, in index order: (key, index, valid, the largest
-    count). Their addresses are fixed, so the lists' loads go out with the counts' instead of
-    after them (one round trip to L2 for the select's inputs, not two); valid where the slot is
-    below its chunk's count, which is every candidate only when the largest count <= WINDOW."""
-    s = tl.arange(0, NUM_CHUNKS * WINDOW)
-    q = s // WINDOW
-    src = q * CHUNK + s % WINDOW  # inside the row's lists whatever the counts (slots past them: masked)
-    key = tl.load(ck_row + src).to(tl.uint32, bitcast=True)
-    idx = tl.load(ci_row + src)
-    cnt = tl.load(cnt_row + q)
-    return key, idx, (s % WINDOW) < cnt, tl.max(cnt)
-
-
-@triton.jit
-def _select_listed(
-    cnt_row,
-    ci_row,
-    ck_row,
-    o_row,
-    K,
-    lower,
-    NUM_CHUNKS: tl.constexpr,
-    CHUNK: tl.constexpr,
-    CAP: tl.constexpr,
-    RADIX_BITS: tl.constexpr,
-):
-    """The counts first, then the lists: in registers when the row has <= CAP candidates, else
-    read once per pass. Returns how many indices were written."""
-    c = _candidate_count(cnt_row, NUM_CHUNKS)
-    if c <= CAP:
-        key, idx, ok = _gather(cnt_row, ci_row, ck_row, 0, CAP, NUM_CHUNKS, CHUNK)
-        taken = _select_loaded(key, idx, ok, o_row, c, K, lower, RADIX_BITS)
-    else:  # ties or sorted rows: the lists read once per pass (exact, slower)
-        taken = _select_in_blocks(cnt_row, ci_row, ck_row, o_row, c, K, CAP, NUM_CHUNKS, CHUNK, RADIX_BITS)
-    return taken
-
-
-@triton.jit
 def _select_last(
     ci_row,
     ck_row,
@@ -149,19 +119,15 @@ def _select_last(
     CHUNK: tl.constexpr,
     CAP: tl.constexpr,
     RADIX_BITS: tl.constexpr,
-    WINDOW: tl.constexpr,
 ):
     """The row's top K from its candidate lists: the selected indices in index order, then -1s."""
-    if WINDOW > 0:
-        key, idx, ok, most = _gather_windows(cnt_row, ci_row, ck_row, WINDOW, NUM_CHUNKS, CHUNK)
-        if most <= WINDOW:
-            taken = _select_loaded(key, idx, ok, o_row, tl.sum(ok.to(tl.int32)), K, lower, RADIX_BITS)
-        else:  # a chunk with more candidates than its window: the lists as counted
-            taken = _select_listed(
-                cnt_row, ci_row, ck_row, o_row, K, lower, NUM_CHUNKS, CHUNK, CAP, RADIX_BITS
-            )
-    else:
-        taken = _select_listed(cnt_row, ci_row, ck_row, o_row, K, lower, NUM_CHUNKS, CHUNK, CAP, RADIX_BITS)
+    c = _candidate_count(cnt_row, NUM_CHUNKS)
+    if c <= CAP:
+        taken = _select_below_prefix(
+            cnt_row, ci_row, ck_row, o_row, c, K, lower, CAP, NUM_CHUNKS, CHUNK, RADIX_BITS
+        )
+    else:  # ties or sorted rows: the lists read once per pass (exact, slower)
+        taken = _select_in_blocks(cnt_row, ci_row, ck_row, o_row, c, K, CAP, NUM_CHUNKS, CHUNK, RADIX_BITS)
     _fill_unselected(o_row, taken, K, CAP)
 
 
@@ -187,7 +153,6 @@ def _fused_kernel(
     CAP: tl.constexpr,  # candidates the select holds in registers
     RADIX_BITS: tl.constexpr,
     PDL: tl.constexpr,  # launched as a programmatic dependent of the kernel before
-    WINDOW: tl.constexpr,  # 0, or the select's first try: each list's first WINDOW slots
 ):
     row = tl.program_id(0).to(tl.int64)
     p = tl.program_id(1)
@@ -210,7 +175,7 @@ def _fused_kernel(
     arrived = tl.atomic_add(arrived_ptr + row, 1, sem="acq_rel", scope="gpu")
     if arrived == NUM_CHUNKS - 1:  # every other chunk's list is out (their releases, our acquire)
         o_row = out_ptr + row * stride_o
-        _select_last(ci_row, ck_row, cnt_row, o_row, K, lower, NUM_CHUNKS, CHUNK, CAP, RADIX_BITS, WINDOW)
+        _select_last(ci_row, ck_row, cnt_row, o_row, K, lower, NUM_CHUNKS, CHUNK, CAP, RADIX_BITS)
 
 
 # ---------------------------------------------------------------------------
@@ -240,18 +205,11 @@ FUSED_CONFIG = dict(
     bound_passes=2,
     bound_warps=8,
     pdl=1,
-    window=0,
 )
 
 
 def _config(config):
-    cfg = T._filter_select_config(FUSED_CONFIG, config, passes=(1, 2, 3, 4))
-    w = cfg["window"]
-    A.need(
-        w == 0 or (16 <= w <= cfg["chunk"] and w & (w - 1) == 0),
-        f"window must be 0 or a power of two from 16 to the chunk ({cfg['chunk']}), got {w}",
-    )
-    return cfg
+    return T._filter_select_config(FUSED_CONFIG, config, passes=(1, 2, 3, 4))
 
 
 def plan_topk_fused(logits, k, lengths=None, out=None, config=None, pdl=None):
@@ -290,7 +248,7 @@ def plan_topk_fused(logits, k, lengths=None, out=None, config=None, pdl=None):
     fused_args.update(arrived_ptr=arrived, out_ptr=out, width=width, K=k, stride_x=logits.stride(0))
     fused_args.update(stride_c=cidx.stride(0), stride_n=counts.stride(0), stride_o=out.stride(0))
     fused_args.update(HAS_LEN=has_len, CHUNK=chunk, NUM_CHUNKS=chunks, CAP=cfg["cap"])
-    fused_args.update(RADIX_BITS=cfg["radix_bits"], PDL=pdl, WINDOW=cfg["window"])
+    fused_args.update(RADIX_BITS=cfg["radix_bits"], PDL=pdl)
     dependent = dict(num_stages=1, launch_pdl=pdl)
     launches = [
         Launch(
