@@ -81,8 +81,7 @@ def _cut_kernel(
 
 def _cut(fused, gather):
     """The fused launch with its kernel swapped for _cut_kernel."""
-    args = {k: v for k, v in fused.args.items() if k != "WINDOW"}  # the cut select reads no windows
-    return Launch(_cut_kernel, fused.grid, dict(args, GATHER=gather), fused.options)
+    return Launch(_cut_kernel, fused.grid, dict(fused.args, GATHER=gather), fused.options)
 
 
 def _fn(launches):

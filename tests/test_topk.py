@@ -161,25 +161,6 @@ def test_fused_select_beyond_its_registers_and_with_every_bound():
             assert TC.check_rows(x, 64, lens, kernel="fused", config=cfg) == 2, (name, cfg)
 
 
-def test_fused_select_from_windows_and_its_fallback():
-    """window 64: the select first loads each chunk list's first 64 slots with the counts. A row
-    whose chunks all hold <= 64 candidates is selected from those windows, a row with a fuller
-    chunk (ties) from the lists as counted: both the reference's indices, on every kind of row."""
-    x = torch.randn(2, 4096)
-    x[1, :2048] = 3.0  # ties: the first two chunks list every entry
-    cfg = dict(chunk=1024, window=64)
-    launches = F.plan_topk_fused(x, 64, config=cfg)
-    for launch in launches:
-        run(launch)
-    counts, out = launches[-1].args["cnt_ptr"], launches[-1].args["out_ptr"]
-    assert counts[0].max() <= 64 < counts[1].max()  # one row takes the windows, the other cannot
-    assert torch.equal(out, T.ref_topk_indices(x, 64))
-    for name, x, lens in TC.cases("cpu", width=4096, k=64, bs=2):
-        assert TC.check_rows(x, 64, lens, kernel="fused", config=cfg) == 2, name
-    with pytest.raises(ValueError, match="window must be 0 or a power of two from 16 to the chunk"):
-        F.plan_topk_fused(x, 64, config=dict(chunk=1024, window=48))
-
-
 def test_fused_counter_needs_no_reset():
     """The arrival counters start as whatever the allocator hands out: the maxima kernel zeroes
     them every call, so garbage there (a graph pool's leftovers) changes nothing; every chunk of
