@@ -132,6 +132,33 @@ def _select_last(
 
 
 @triton.jit
+def _filter_chunk(
+    x_ptr, len_ptr, bound_ptr, cidx_ptr, ckey_ptr, cnt_ptr, arrived_ptr, row, width,
+    stride_x, stride_c, stride_n, HAS_LEN: tl.constexpr, CHUNK: tl.constexpr, PDL: tl.constexpr,
+):  # fmt: skip
+    """This program's chunk of the row: its candidate list and count published, then one arrival
+    on the row's counter. Returns (the row's bound, the arrivals before this one)."""
+    p = tl.program_id(1)
+    n = width
+    if HAS_LEN:
+        n = tl.minimum(tl.maximum(tl.load(len_ptr + row), 0), width)
+    t = p * CHUNK + tl.arange(0, CHUNK)
+    ok = t < n
+    # the logits were written before the maxima kernel started: load them before the wait
+    x = tl.load(x_ptr + row * stride_x + t, mask=ok, other=0.0)
+    if PDL:
+        gdc_wait()  # the bound (and the maxima, and the zeroed counter) are written
+    lower = tl.load(bound_ptr + row).to(tl.uint32, bitcast=True)
+    cnt_row = cnt_ptr + row * stride_n
+    _store_candidates(
+        x, t, ok, lower, cidx_ptr + row * stride_c, ckey_ptr + row * stride_c, cnt_row, p, CHUNK
+    )
+    # every thread's list entries are stored before one thread's release publishes them
+    tl.debug_barrier()
+    return lower, tl.atomic_add(arrived_ptr + row, 1, sem="acq_rel", scope="gpu")
+
+
+@triton.jit
 def _fused_kernel(
     x_ptr,
     len_ptr,
@@ -155,27 +182,16 @@ def _fused_kernel(
     PDL: tl.constexpr,  # launched as a programmatic dependent of the kernel before
 ):
     row = tl.program_id(0).to(tl.int64)
-    p = tl.program_id(1)
-    n = width
-    if HAS_LEN:
-        n = tl.minimum(tl.maximum(tl.load(len_ptr + row), 0), width)
-    t = p * CHUNK + tl.arange(0, CHUNK)
-    ok = t < n
-    # the logits were written before the maxima kernel started: load them before the wait
-    x = tl.load(x_ptr + row * stride_x + t, mask=ok, other=0.0)
-    if PDL:
-        gdc_wait()  # the bound (and the maxima, and the zeroed counter) are written
-    lower = tl.load(bound_ptr + row).to(tl.uint32, bitcast=True)
-    ci_row = cidx_ptr + row * stride_c
-    ck_row = ckey_ptr + row * stride_c
-    cnt_row = cnt_ptr + row * stride_n
-    _store_candidates(x, t, ok, lower, ci_row, ck_row, cnt_row, p, CHUNK)
-    # every thread's list entries are stored before one thread's release publishes them
-    tl.debug_barrier()
-    arrived = tl.atomic_add(arrived_ptr + row, 1, sem="acq_rel", scope="gpu")
+    lower, arrived = _filter_chunk(
+        x_ptr, len_ptr, bound_ptr, cidx_ptr, ckey_ptr, cnt_ptr, arrived_ptr, row, width,
+        stride_x, stride_c, stride_n, HAS_LEN, CHUNK, PDL,
+    )  # fmt: skip
     if arrived == NUM_CHUNKS - 1:  # every other chunk's list is out (their releases, our acquire)
+        ci_row, ck_row = cidx_ptr + row * stride_c, ckey_ptr + row * stride_c
         o_row = out_ptr + row * stride_o
-        _select_last(ci_row, ck_row, cnt_row, o_row, K, lower, NUM_CHUNKS, CHUNK, CAP, RADIX_BITS)
+        _select_last(
+            ci_row, ck_row, cnt_ptr + row * stride_n, o_row, K, lower, NUM_CHUNKS, CHUNK, CAP, RADIX_BITS
+        )
 
 
 # ---------------------------------------------------------------------------

@@ -19,14 +19,14 @@ import sys
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_wait
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from kernels import topk, topk_fused  # noqa: E402
 from kernels.harness import median_us, meta, write_table  # noqa: E402
 from kernels.launch import Launch  # noqa: E402
-from kernels.topk_radix import _gather, _store_candidates  # noqa: E402
+from kernels.topk_fused import _filter_chunk  # noqa: E402
+from kernels.topk_radix import _gather  # noqa: E402
 
 COLS = ["stage", "us", "added_us", "note"]
 
@@ -57,24 +57,13 @@ def _cut_kernel(
 ):
     """kernels.topk_fused._fused_kernel's filter, then (GATHER) the select's loads and stores only."""
     row = tl.program_id(0).to(tl.int64)
-    p = tl.program_id(1)
-    n = width
-    if HAS_LEN:
-        n = tl.minimum(tl.maximum(tl.load(len_ptr + row), 0), width)
-    t = p * CHUNK + tl.arange(0, CHUNK)
-    ok = t < n
-    x = tl.load(x_ptr + row * stride_x + t, mask=ok, other=0.0)
-    if PDL:
-        gdc_wait()
-    lower = tl.load(bound_ptr + row).to(tl.uint32, bitcast=True)
-    ci_row = cidx_ptr + row * stride_c
-    ck_row = ckey_ptr + row * stride_c
-    cnt_row = cnt_ptr + row * stride_n
-    _store_candidates(x, t, ok, lower, ci_row, ck_row, cnt_row, p, CHUNK)
-    tl.debug_barrier()
-    arrived = tl.atomic_add(arrived_ptr + row, 1, sem="acq_rel", scope="gpu")
+    lower, arrived = _filter_chunk(
+        x_ptr, len_ptr, bound_ptr, cidx_ptr, ckey_ptr, cnt_ptr, arrived_ptr, row, width,
+        stride_x, stride_c, stride_n, HAS_LEN, CHUNK, PDL,
+    )  # fmt: skip
     if GATHER and arrived == NUM_CHUNKS - 1:
-        key, idx, got = _gather(cnt_row, ci_row, ck_row, 0, CAP, NUM_CHUNKS, CHUNK)
+        ci_row, ck_row = cidx_ptr + row * stride_c, ckey_ptr + row * stride_c
+        key, idx, got = _gather(cnt_ptr + row * stride_n, ci_row, ck_row, 0, CAP, NUM_CHUNKS, CHUNK)
         slot = tl.arange(0, CAP)
         tl.store(out_ptr + row * stride_o + slot, tl.where(key >= lower, idx, -1), mask=got & (slot < K))
 
