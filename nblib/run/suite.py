@@ -76,10 +76,9 @@ def run(params_path=None, out=None, only=None, timeout=1800, lanes=1, fresh=Fals
     if len(plan) > 1:
         notebooks = [n for n in notebooks if not any(n in lane for lane in plan)]
         first = _lanes_then_warm(plan, gpus, params_path, out, timeout, notebooks)
-    records = runindex.load_index(out)
     with _stop_on_sigterm():
-        records = _run_each(notebooks, profile, params_path, out, timeout, first) or records
-    return records
+        # the kernel started during the lanes is _run_each's from here on: it closes it
+        return _run_each(notebooks, profile, params_path, out, timeout, first) or runindex.load_index(out)
 
 
 def _lanes_then_warm(plan, gpus, params_path, out, timeout, rest):
