@@ -38,6 +38,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_wait
 
+from kernels import args as A
 from kernels import topk_keys as T
 from kernels.launch import Case, Launch
 from kernels.topk_radix import (
@@ -203,7 +204,10 @@ def _fused_kernel(
 # cap: candidates the select holds in registers; radix_bits: the select's digit (4: a 16-bin
 # histogram a pass, far fewer instructions than 256 bins); maxima: sub-chunk maxima per row (1024:
 # a quarter of the bound's histogram work of 4096, for about 700 candidates instead of 545 on
-# random rows); bound_passes: 8-bit passes of the bound; bound_warps: the bound kernel's warps.
+# random rows); bound_passes: 8-bit passes of the bound; bound_warps: the bound kernel's warps;
+# maxnreg: a cap on the fused kernel's registers per thread (0: ptxas decides; a cap lets more of
+# its 512 programs be resident at once: 80 gave 22.4 us against 22.5 uncapped, 64 spilled and took
+# 22.8, so its two waves are not what the filter's time is).
 # On the H200 ([32, 65536], k 512, outputs/bench/h200-b6db959-topk/variants.md) this config took
 # 21.7 us; radix_bits 8 22.6, maxima 2048 22.9 and 4096 24.3, one bound pass (cap 2048) 26.4,
 # chunk 8192 over 16 warps 26.0. Tried and not kept (README there): the bound in every program
@@ -222,11 +226,15 @@ FUSED_CONFIG = dict(
     bound_passes=2,
     bound_warps=8,
     pdl=1,
+    maxnreg=0,
 )
 
 
 def _config(config):
-    return T._filter_select_config(FUSED_CONFIG, config, passes=(1, 2, 3, 4))
+    cfg = T._filter_select_config(FUSED_CONFIG, config, passes=(1, 2, 3, 4))
+    cap = cfg["maxnreg"]
+    A.need(cap == 0 or 24 <= cap <= 255, f"maxnreg must be 0 (ptxas decides) or 24 to 255, got {cap}")
+    return cfg
 
 
 def plan_topk_fused(logits, k, lengths=None, out=None, config=None, pdl=None):
@@ -267,12 +275,15 @@ def plan_topk_fused(logits, k, lengths=None, out=None, config=None, pdl=None):
     fused_args.update(HAS_LEN=has_len, CHUNK=chunk, NUM_CHUNKS=chunks, CAP=cfg["cap"])
     fused_args.update(RADIX_BITS=cfg["radix_bits"], PDL=pdl)
     dependent = dict(num_stages=1, launch_pdl=pdl)
+    fused_opts = dict(dependent, num_warps=cfg["num_warps"])
+    if cfg["maxnreg"]:
+        fused_opts["maxnreg"] = cfg["maxnreg"]
     launches = [
         Launch(
             T._row_maxima_kernel, (bs, num_max // per_prog), maxima_args, dict(num_warps=cfg["maxima_warps"])
         ),
         Launch(_row_bound_kernel, (bs,), bound_args, dict(dependent, num_warps=cfg["bound_warps"])),
-        Launch(_fused_kernel, (bs, chunks), fused_args, dict(dependent, num_warps=cfg["num_warps"])),
+        Launch(_fused_kernel, (bs, chunks), fused_args, fused_opts),
     ]
     return tuple(launches)
 

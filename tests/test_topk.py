@@ -231,6 +231,10 @@ def test_validation_errors():
             lambda: T.topk_indices_triton(x, 5, kernel="fused", config=dict(bound_passes=0)),
             "bound_passes must be 1 to 4",
         ),
+        (
+            lambda: T.topk_indices_triton(x, 5, kernel="fused", config=dict(maxnreg=8)),
+            "maxnreg must be 0",
+        ),
         (lambda: T.topk_indices_triton(x, 5, kernel="sort"), "kernel must be one of radix, bound, fused"),
     ]
     for fn, msg in bad:
