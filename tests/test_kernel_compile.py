@@ -206,6 +206,20 @@ def test_every_kernel_is_compiled_for_every_target(reports, arch):
             assert r["expect_tma"] == (cfg.k_load != "ptr")
 
 
+def test_the_other_targets_compile_each_kernel_once_per_data_dtype():
+    """sm_80, sm_89 and sm_120 compile one case per kernel and the dtype it reads: the logits
+    kernel's bf16 and fp8 both (fp8's refusal below sm_89 is checked there), a top-k kernel once
+    (with lengths only one branch more); sm_90a compiles both of the top-k's."""
+    for arch in set(ARCHS) - set(compile_check.FULL):
+        names = [c.name for c in compile_check.cases(arch)]
+        kernels_ = [c.launch.kernel.__name__ for c in compile_check.cases(arch)]
+        assert kernels_.count("_indexer_logits_kernel") == 2 and {"logits_bf16", "logits_fp8"} <= set(names)
+        assert kernels_.count("_fused_kernel") == 1 and "topk_fused" in names, (arch, names)
+        assert not [n for n in names if n.endswith("_lengths")], (arch, names)
+        assert len(kernels_) == len(set(kernels_)) + 1, (arch, kernels_)  # only the logits kernel twice
+    assert {"topk_fused", "topk_fused_lengths"} <= {c.name for c in compile_check.cases(90)}
+
+
 def test_the_variants_are_compiled_on_sm90a_and_sm100a(reports):
     on = {a: {n for n, arch in reports if arch == a} for a in (90, 100)}
     assert on[90] <= on[100], "every sm_90a case is compiled for sm_100a too"
