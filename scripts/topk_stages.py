@@ -74,7 +74,7 @@ def _cut(fused, gather):
 
 
 def _fn(launches):
-    return lambda: [launch.kernel[launch.grid](**launch.args, **launch.options) for launch in launches]
+    return lambda: [launch.kernel[launch.grid](**launch.call_kwargs()) for launch in launches]
 
 
 def stages(bs, width, k, config=None):

@@ -33,7 +33,7 @@ COLS = ["kernel", "config", "rows", "ok", "graph_ok", "us", "regs", "spills"]
 
 def _launch(launch):
     """Run a planned launch; the compiled kernel (its n_regs and n_spills)."""
-    return launch.kernel[launch.grid](**launch.args, **launch.options)
+    return launch.kernel[launch.grid](**launch.call_kwargs())
 
 
 def _variant_fn(kernel, config, x, k, out):

@@ -220,6 +220,27 @@ def test_the_other_targets_compile_each_kernel_once_per_data_dtype():
     assert {"topk_fused", "topk_fused_lengths"} <= {c.name for c in compile_check.cases(90)}
 
 
+FUSION_PROBE = """
+import json
+from kernels import compile_check, launch
+case = next(c for c in compile_check.cases(90) if c.name == "logits_bf16")
+k = launch.compile_for(case.launch, 90)
+print(json.dumps(dict(fusion=k.metadata.enable_fp_fusion, fma=k.asm["ptx"].count("fma.rn.f32"))))
+"""
+
+
+def test_launches_choose_fp_fusion_whatever_the_default(monkeypatch):
+    """Triton 3.10 turns FP fusion off by default (TRITON_DEFAULT_FP_FUSION): the logits kernel,
+    compiled under that default, still contracts its multiply-adds into FMAs, as measured and as
+    its tests compare it."""
+    assert launch.FP_FUSION is True
+    monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "0")
+    r = run_without_interpreter(["-c", FUSION_PROBE], 600)
+    assert r.returncode == 0, r.stderr[-4000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got["fusion"] is True and got["fma"] > 0, got
+
+
 def test_the_variants_are_compiled_on_sm90a_and_sm100a(reports):
     on = {a: {n for n, arch in reports if arch == a} for a in (90, 100)}
     assert on[90] <= on[100], "every sm_90a case is compiled for sm_100a too"
