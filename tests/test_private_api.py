@@ -236,13 +236,19 @@ def test_binder_and_pack_args_give_what_triton_compile_takes():
     ], moved("JITFunction._pack_args", PACK_PUBLIC)
     backend = make_backend(GPUTarget("cuda", 90, 32))
     x = torch.zeros(64)
-    kwargs = dict(src=x, dst=torch.empty_like(x), n=64, factor=2.0, BLOCK=64, num_warps=4)
+    # FP fusion explicit, as every launch of kernels.launch passes it (Triton 3.9 warns when left to
+    # its default, which 3.10 turns off)
+    kwargs = dict(
+        src=x, dst=torch.empty_like(x), n=64, factor=2.0, BLOCK=64, num_warps=4, enable_fp_fusion=True
+    )
     bound, specialization, options = make(_scale.signature, _scale.params, backend)(**kwargs)
     options, signature, constexprs, attrs = _scale._pack_args(backend, kwargs, bound, specialization, options)
     assert signature["src"] == "*fp32" and signature["factor"] == "fp32", moved(
         "_pack_args' signature", PACK_PUBLIC
     )
-    assert options.num_warps == 4 and constexprs, moved("_pack_args' options and constexprs", PACK_PUBLIC)
+    assert options.num_warps == 4 and options.enable_fp_fusion is True and constexprs, moved(
+        "_pack_args' options and constexprs", PACK_PUBLIC
+    )
     ASTSource(_scale, signature, constexprs, attrs)  # what triton.compile takes
 
 
