@@ -78,7 +78,8 @@ class Launch(NamedTuple):
 
 
 def run(launch):
-    launch.kernel[launch.grid](**launch.call_kwargs())
+    """Launch it; the compiled kernel Triton returns (its n_regs, n_spills on a GPU)."""
+    return launch.kernel[launch.grid](**launch.call_kwargs())
 
 
 def arch_of(device):

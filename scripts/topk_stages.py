@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from kernels import topk, topk_fused  # noqa: E402
 from kernels.harness import median_us, meta, write_table  # noqa: E402
-from kernels.launch import Launch  # noqa: E402
+from kernels.launch import Launch, run  # noqa: E402
 from kernels.topk_fused import _filter_chunk  # noqa: E402
 from kernels.topk_radix import _gather  # noqa: E402
 
@@ -74,7 +74,7 @@ def _cut(fused, gather):
 
 
 def _fn(launches):
-    return lambda: [launch.kernel[launch.grid](**launch.call_kwargs()) for launch in launches]
+    return lambda: [run(launch) for launch in launches]
 
 
 def stages(bs, width, k, config=None):

@@ -21,6 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from kernels import topk, topk_fused, topk_radix  # noqa: E402
 from kernels.harness import median_us, meta, write_table  # noqa: E402
+from kernels.launch import run  # noqa: E402
 
 PLANS = dict(bound=topk.plan_topk, radix=topk_radix.plan_topk_radix, fused=topk_fused.plan_topk_fused)
 VARIANTS = [
@@ -31,14 +32,9 @@ VARIANTS = [
 COLS = ["kernel", "config", "rows", "ok", "graph_ok", "us", "regs", "spills"]
 
 
-def _launch(launch):
-    """Run a planned launch; the compiled kernel (its n_regs and n_spills)."""
-    return launch.kernel[launch.grid](**launch.call_kwargs())
-
-
 def _variant_fn(kernel, config, x, k, out):
     plan = PLANS[kernel]
-    return lambda: [_launch(launch) for launch in plan(x, k, out=out, config=config)]
+    return lambda: [run(launch) for launch in plan(x, k, out=out, config=config)]
 
 
 def _graph_ok(fn, out, want):
@@ -75,7 +71,7 @@ def _maxima_rows(x, k):
     for maxima in (4096, 2048, 1024):
         first = topk_fused.plan_topk_fused(x, k, config=dict(maxima=maxima))[0]
         rows.append(dict(kernel="maxima_only", config=json.dumps(dict(maxima=maxima)), rows="random"))
-        rows[-1]["us"] = median_us(lambda first=first: _launch(first))
+        rows[-1]["us"] = median_us(lambda first=first: run(first))
     return rows
 
 
