@@ -188,10 +188,7 @@ def _work_item(
     scale_next = tl.zeros([PAGE_], tl.float32)
     page_ahead = 0
     if SCALE_PREFETCH:
-        # the first page id unmasked (t_begin < max_len <= the row's pages * PAGE_: inside the
-        # table), so its load need not wait for seq_len's: two trips to memory side by side, not
-        # one after the other, before the first tile; it is followed only if the tile is live
-        page_next = tl.load(pt_row + t_begin // PAGE_).to(tl.int64)
+        page_next = tl.load(pt_row + t_begin // PAGE_, mask=n_live > 0, other=0).to(tl.int64)
         scale_next = _page_scales(scale_ptr, page_next, offs_p, n_live > 0, D, PAGE_STRIDE)
         page_ahead = tl.load(pt_row + t_begin // PAGE_ + 1, mask=n_live > 1, other=0).to(tl.int64)
 
