@@ -14,7 +14,7 @@ import sys
 
 import torch
 
-from kernels.harness import copy_row, median_us
+from kernels.harness import copy_row, median_us, project_commit
 from kernels.logits import indexer_logits_fp8_
 from kernels.logits_bench import bench_inputs, logit_bytes
 from kernels.logits_configs import config_for
@@ -29,6 +29,7 @@ BASE = config_for("fp8", ARCH)
 SMS = torch.cuda.get_device_properties(0).multi_processor_count
 TILES = CTX // BASE.block_t
 copy = copy_row()
+print(f"commit {project_commit()}, {torch.cuda.get_device_name()}, python scripts/gpu_fp8_waves.py")
 print(f"copy: {copy['gbps']:.0f} GB/s; {SMS} SMs, {CTAS_PER_SM} CTAs an SM: {SMS * CTAS_PER_SM} at once")
 print(tables.head(("split", "programs", "tiles a program", "waves", "us", "frac_copy_bw")))
 x = bench_inputs(BS, CTX, HEADS, DIM, "cuda")
