@@ -34,7 +34,8 @@ def _into(out, seq_lens, ref):
 # ---------------------------------------------------------------------------
 
 
-def logits_bf16_cpu(
+@torch.library.custom_op("csi::indexer_logits_bf16", mutates_args=("out",), device_types="cpu")
+def _indexer_logits_bf16_op(
     q: torch.Tensor,
     w: torch.Tensor,
     kcache: torch.Tensor,
@@ -43,14 +44,8 @@ def logits_bf16_cpu(
     out: torch.Tensor,
     per_request: int = 0,
 ) -> None:
-    """csi::indexer_logits_bf16 on CPU tensors: the reference on the live columns."""
     _check_bf16_args(q, w, kcache, page_table, seq_lens, out)
     _into(out, seq_lens, lambda n: ref_logits_bf16(q, w, kcache, page_table, seq_lens, n))
-
-
-_indexer_logits_bf16_op = torch.library.custom_op(
-    "csi::indexer_logits_bf16", mutates_args=("out",), device_types="cpu"
-)(logits_bf16_cpu)
 
 
 @_indexer_logits_bf16_op.register_kernel("cuda")
@@ -63,7 +58,8 @@ def _(q, w, kcache, page_table, seq_lens, out, per_request=0):
     return None
 
 
-def logits_fp8_cpu(
+@torch.library.custom_op("csi::indexer_logits_fp8", mutates_args=("out",), device_types="cpu")
+def _indexer_logits_fp8_op(
     q: torch.Tensor,
     w: torch.Tensor,
     pages: torch.Tensor,
@@ -72,14 +68,8 @@ def logits_fp8_cpu(
     out: torch.Tensor,
     per_request: int = 0,
 ) -> None:
-    """csi::indexer_logits_fp8 on CPU tensors: the reference on the live columns."""
     _check_fp8_args(q, w, pages, page_table, seq_lens, out)
     _into(out, seq_lens, lambda n: ref_logits_fp8(q, w, pages, page_table, seq_lens, n))
-
-
-_indexer_logits_fp8_op = torch.library.custom_op(
-    "csi::indexer_logits_fp8", mutates_args=("out",), device_types="cpu"
-)(logits_fp8_cpu)
 
 
 @_indexer_logits_fp8_op.register_kernel("cuda")
@@ -106,14 +96,9 @@ def indexer_logits_fp8(q, w, pages, page_table, seq_lens, out, per_request=0):
 # ---------------------------------------------------------------------------
 
 
-def topk_indices_cpu(logits: torch.Tensor, k: int, lengths: torch.Tensor | None = None) -> torch.Tensor:
-    """csi::topk_indices on CPU tensors: the exact reference."""
+@torch.library.custom_op("csi::topk_indices", mutates_args=(), device_types="cpu")
+def _topk_indices_op(logits: torch.Tensor, k: int, lengths: torch.Tensor | None = None) -> torch.Tensor:
     return ref_topk_indices(logits, k, lengths)
-
-
-_topk_indices_op = torch.library.custom_op("csi::topk_indices", mutates_args=(), device_types="cpu")(
-    topk_indices_cpu
-)
 
 
 @_topk_indices_op.register_kernel("cuda")
@@ -151,10 +136,6 @@ class OpRoles:
     lengths: int | None = None  # per-request lengths (int32 [bs])
     programs: int | None = None  # programs per request (an int; 0 or absent: fill the GPU)
     entry_bytes: Callable[[torch.Tensor], int] | None = None  # from the cache tensor
-    # what the op runs on CPU tensors, callable without the dispatcher: the function the custom op
-    # wraps, so calling it is calling the op minus the dispatch (torch's custom-op layers, a few
-    # hundred microseconds a call on a 2-core host); the simulator's replay calls it directly
-    cpu: Callable | None = None
 
     def overload(self):
         """The op's default overload (torch.ops.csi.<op>.default), registered above."""
@@ -181,11 +162,9 @@ _LOGITS_BF16 = OpRoles(
     lengths=4,
     programs=6,
     entry_bytes=_bf16_entry_bytes,
-    cpu=logits_bf16_cpu,
 )
 OP_ROLES = (
     _LOGITS_BF16,
-    replace(_LOGITS_BF16, name="csi::indexer_logits_fp8", entry_bytes=_fp8_entry_bytes, cpu=logits_fp8_cpu),
-    # (logits, k, lengths): returns a new tensor
-    OpRoles("csi::topk_indices", reads=(0, 2), lengths=2, cpu=topk_indices_cpu),
+    replace(_LOGITS_BF16, name="csi::indexer_logits_fp8", entry_bytes=_fp8_entry_bytes),
+    OpRoles("csi::topk_indices", reads=(0, 2), lengths=2),  # (logits, k, lengths): returns a new tensor
 )

@@ -5,8 +5,7 @@ import pytest
 import torch
 
 from kernels import indexer as kx
-from kernels.ops import OP_ROLES
-from nblib.backends.sim import SimDevice, fastops
+from nblib.backends.sim import fastops
 from nblib.instruments import canary
 
 NEG_INF = float("-inf")
@@ -66,22 +65,6 @@ def test_the_contract_is_the_same_from_the_prefix():
 def test_replayed_topk_node_runs_the_shortcut():
     assert fastops.shortcut(torch.ops.aten.topk.default) is not torch.ops.aten.topk.default
     assert fastops.shortcut(torch.ops.aten.mm.default) is torch.ops.aten.mm.default
-
-
-def test_replayed_custom_op_nodes_run_the_ops_own_cpu_code_with_the_ops_bits():
-    """A csi:: node replays as the function its custom op wraps for CPU tensors (no dispatcher):
-    a graph of the top-k op, captured on the simulator, gives what the op gives eagerly."""
-    assert {fastops.shortcut(r.overload()) for r in OP_ROLES} == {r.cpu for r in OP_ROLES}
-    assert None not in {r.cpu for r in OP_ROLES}
-    dev = SimDevice()
-    x = _logits(8, short_rows={3})
-    lengths = torch.tensor([700, 1, 64, 0, 16, 300, 5, 700], dtype=torch.int32)
-    want = torch.ops.csi.topk_indices(x, 16, lengths)
-    g = dev.CUDAGraph()
-    with dev.graph(g):
-        got = torch.ops.csi.topk_indices(x, 16, lengths)
-    g.replay()
-    assert torch.equal(got, want) and (got == -1).any()  # rows shorter than k pad with -1
 
 
 @pytest.mark.parametrize("kind", ["bf16", "fp8"])

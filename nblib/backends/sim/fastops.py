@@ -13,16 +13,9 @@ garbage) makes its chunk live, so corrupted rows are searched in full.
 
     vals, idx = fastops.topk(logits, 16)          # torch.topk(logits, 16), faster when the tail is -inf
     n = fastops.live_columns(logits, 16)          # logits[:, n:] is all -inf
-
-The project's own ops (csi::*, kernels.ops) replay as the function each custom op wraps for CPU
-tensors (OpRoles.cpu): the op's own code, called without torch's custom-op layers (autograd,
-ADInplaceOrView, the dynamo guard), which cost a few hundred microseconds a call on a 2-core host,
-tens of thousands of calls in a suite.
 """
 
 import torch
-
-from kernels.ops import OP_ROLES
 
 CHUNK = 1024  # columns per maximum: a multiple of the indexer's page (64), small next to max_ctx
 NEG_INF = float("-inf")
@@ -62,11 +55,8 @@ def _topk_op(self, k, dim=-1, largest=True, sorted=True):
     return topk(self, k, dim, largest, sorted)
 
 
-# overload -> its shortcut, with the overload's signature (the replay calls it in its place)
-SHORTCUTS = {
-    torch.ops.aten.topk.default: _topk_op,
-    **{r.overload(): r.cpu for r in OP_ROLES if r.cpu is not None},
-}
+# aten overload -> its shortcut, with the overload's signature (the replay calls it in its place)
+SHORTCUTS = {torch.ops.aten.topk.default: _topk_op}
 
 
 def shortcut(func):
