@@ -106,23 +106,11 @@ def test_local_workers_run_retry_once_record_failures_and_resume(tmp_path):
     assert (out / "points" / good.point.id / "run.log").read_text().count("--- attempt") == 1
 
 
-def start_local_ray(ray, tries=3):
-    """A local Ray of two CPUs. Its start waits a fixed 30 s for the raylet to register (Ray's
-    node.py), which a 2-core machine running the suite in the other test worker can miss: Ray then
-    raises a bare Exception before anything of the sweep has run, so the start is tried again."""
-    for attempt in range(tries):
-        try:
-            ray.init(num_cpus=2, include_dashboard=False)
-            return
-        except Exception as e:
-            ray.shutdown()
-            if "timed out during startup" not in str(e) or attempt == tries - 1:
-                raise
-
-
 def test_the_same_sweep_as_ray_tasks_brings_every_point_back(tmp_path, capsys):
     ray = pytest.importorskip("ray")
-    start_local_ray(ray)
+    from nblib.run import raysweep  # imports ray
+
+    raysweep.start_local(num_cpus=2, include_dashboard=False)  # as --ray local does, with two CPUs
     try:
         params = write(tmp_path, "p.yaml", TINY)
         grid = write(tmp_path, "g.yaml", {"notebook": "00", "grid": {"seed": [0, 1]}})
@@ -142,3 +130,37 @@ def test_the_same_sweep_as_ray_tasks_brings_every_point_back(tmp_path, capsys):
         assert (point / "00_reproduce.ipynb").stat().st_size > 10_000  # the executed notebook came back
         row = df[df["point"] == o.point.id].iloc[0]
         assert (row["corrupted_sessions"], row["sessions"]) == racy_sessions(res)
+
+
+def test_a_local_ray_whose_node_is_late_is_started_again_and_nothing_else_is(monkeypatch):
+    """raysweep.start_local: Ray's fixed 30 s wait for its raylet ran out (the message Ray raises)
+    -> shut down and start again, at most `tries` times; any other error -> at once."""
+    pytest.importorskip("ray")
+    from nblib.run import raysweep
+
+    calls, shutdowns = [], []
+    late = Exception("The current node timed out during startup. This could happen because ...")
+
+    def init(errors):
+        def fake(**kw):
+            calls.append(kw)
+            if errors:
+                raise errors.pop(0)
+            return "ctx"
+
+        return fake
+
+    monkeypatch.setattr(raysweep.ray, "shutdown", lambda: shutdowns.append(1))
+    monkeypatch.setattr(raysweep.ray, "init", init([late]))
+    assert raysweep.start_local(num_cpus=2) == "ctx" and len(calls) == 2 and len(shutdowns) == 1
+    assert calls[0] == {"num_cpus": 2}
+    calls.clear()
+    monkeypatch.setattr(raysweep.ray, "init", init([late, late, late]))
+    with pytest.raises(Exception, match="timed out during startup"):
+        raysweep.start_local(tries=3)
+    assert len(calls) == 3
+    calls.clear()
+    monkeypatch.setattr(raysweep.ray, "init", init([ValueError("bad address")]))
+    with pytest.raises(ValueError, match="bad address"):
+        raysweep.start_local()
+    assert len(calls) == 1

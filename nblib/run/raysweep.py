@@ -21,12 +21,29 @@ from nblib.core.paths import ROOT
 SHIP_EXCLUDES = ["outputs/", ".venv/", ".git/", "**/.ipynb_checkpoints/"]
 
 
+STARTUP_TIMEOUT = "timed out during startup"  # what Ray raises when its own node is late
+
+
+def start_local(tries=3, **init):
+    """A private Ray on this machine: ray.init(**init), tried again when the node's start runs out
+    of time. Ray waits a fixed 30 s for its raylet to register (ray/_private/node.py), which a
+    machine busy with other work (a 2-core host running notebooks) can miss; Ray then raises a bare
+    Exception before anything has run, and a second start usually makes it."""
+    for attempt in range(tries):
+        try:
+            return ray.init(**init)
+        except Exception as e:
+            ray.shutdown()  # whatever of the late node was started
+            if STARTUP_TIMEOUT not in str(e) or attempt == tries - 1:
+                raise
+
+
 def connect(address):
     """Join (or start) the cluster; returns its dashboard URL ("" when the dashboard is off)."""
     if ray.is_initialized():  # the caller (a test, a notebook) already started or joined one
         ctx = ray.init(ignore_reinit_error=True)
     elif address == "local":
-        ctx = ray.init()
+        ctx = start_local()
     else:
         remote = address != "auto"
         runtime_env = {"working_dir": str(ROOT), "excludes": SHIP_EXCLUDES} if remote else None
