@@ -186,3 +186,55 @@ def test_the_notebook_after_the_lanes_gets_a_kernel_started_while_they_ran(monke
     with pytest.raises(SystemExit, match="a lane failed"):
         suite._lanes_then_warm([["00"], ["01"]], [None, None], None, tmp_path, 60, ["05"])
     assert events == [("start", "05"), ("close", "05")]
+
+
+def test_an_import_that_fails_fails_the_warm_up_in_one_line_even_where_a_batch_run_skips_it(tmp_path):
+    src = _notebook(
+        tmp_path / "nb.ipynb",
+        "INTERACTIVE = False\nif INTERACTIVE:\n    from json import no_such_name\nfrom email import utils",
+        "import no_such_module_here",
+    )
+    kernel = warm.WarmKernel(src, ROOT)
+    try:
+        assert kernel.ready(timeout=120)
+        failure = kernel.failure()
+    finally:
+        kernel.close()
+    assert failure == (
+        "an import of the notebook fails: "
+        "from json import no_such_name: ImportError: cannot import name 'no_such_name' from 'json'; "
+        "import no_such_module_here: ModuleNotFoundError: No module named 'no_such_module_here'"
+    )
+
+
+def test_the_statements_are_checked_as_written_a_name_or_a_submodule(tmp_path):
+    src = _notebook(tmp_path / "nb.ipynb", "from email import utils, message\nfrom os import path, sep\n")
+    assert warm.import_statements(src) == [("email", ("utils", "message")), ("os", ("path", "sep"))]
+    kernel = warm.WarmKernel(src, ROOT)
+    try:
+        assert kernel.ready(timeout=120)
+        assert kernel.failure() is None  # utils and message are submodules, path and sep attributes
+    finally:
+        kernel.close()
+
+
+def test_a_notebook_whose_panel_import_fails_is_marked_failed_before_it_runs(tmp_path, monkeypatch):
+    from nblib.run import suite
+    from nblib.schema import params as P
+
+    nb = json.loads((NOTEBOOK_DIR / "01_canary.ipynb").read_text())
+    for cell in nb["cells"]:  # the panel's import as it read when the module was elsewhere
+        cell["source"] = [line.replace("nblib.lab import", "nblib.publish import") for line in cell["source"]]
+    (tmp_path / "notebooks").mkdir()
+    (tmp_path / "notebooks" / "01_canary.ipynb").write_text(json.dumps(nb))
+    monkeypatch.setattr(suite, "NOTEBOOK_DIR", tmp_path / "notebooks")
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit, match="01_canary failed: 01_canary: an import of the notebook fails"):
+        suite.run(P.ROOT / "params" / "ci.yaml", out, only=["01"])
+    (rec,) = json.loads((out / "index.json").read_text())["notebooks"]
+    assert rec["status"] == "failed"
+    assert rec["error"] == (
+        "01_canary: an import of the notebook fails: from nblib.publish import widgets: "
+        "ImportError: cannot import name 'widgets' from 'nblib.publish'"
+    )
+    assert not (out / "01_canary.ipynb").exists()  # nothing ran: the error came before the heavy cells

@@ -126,6 +126,24 @@ class Hazard:
             pairs=self.count,
         )
 
+    def sentence(self) -> str:
+        """The hazard in one sentence: which ops, on which streams, touch which bytes, and whether
+        the bytes changed hands through a free (describe() adds the stacks)."""
+        fa, sa = self.first_access.alloc, self.second_access.alloc
+        verb = {"r": "reads", "w": "writes", "rw": "reads and writes"}
+        where = ", ".join(f"{k} {v}" for k, v in self.label.items() if k != "capture")
+        text = (
+            f"{where + ': ' if where else ''}{self.first.name} on stream {self.first.stream} "
+            f"{verb[self.first_access.kind]} {tensor_name(fa)} and {self.second.name} on stream "
+            f"{self.second.stream} {verb[self.second_access.kind]} {tensor_name(sa)}, the same "
+            f"{self.nbytes} bytes with no order between the streams ({self.kind})"
+        )
+        if self.reused:
+            text += (
+                f"; {tensor_name(fa)} was freed at {_free_site(fa)} and its bytes handed to {tensor_name(sa)}"
+            )
+        return text + "."
+
     def describe(self):
         fa, sa = self.first_access.alloc, self.second_access.alloc
         title = (

@@ -2,9 +2,10 @@
 ETA, a status line, an HTML view (tables) and a figure (PNG). Results land in plain widget values
 and in `state`, so a test can build a panel, set its controls, click, and read what it produced.
 
-A callback's error is shown in the status line in one sentence (papermill never runs these
-callbacks, and a live session should not lose the panel to a traceback); it is also kept in
-state["error"].
+A callback's error is shown in the status line in one line naming the control that was moved (or
+the button, with every control's value) and what it was set to: ipywidgets calls callbacks from
+its comm handler, which logs an exception where a JupyterLab user does not look, and papermill never
+runs these callbacks. The exception is also kept in state["error"].
 """
 
 import html
@@ -24,10 +25,21 @@ def png(fig):
     return buf.getvalue()
 
 
+def _shown(value) -> str:
+    """A control's value as the error line names it."""
+    if isinstance(value, (tuple, list)):
+        return "(" + ", ".join(map(str, value)) + ")" if value else "(none)"
+    return str(value)
+
+
+def _label(widget, name) -> str:
+    return getattr(widget, "description", "") or name
+
+
 @dataclass
 class Panel:
     controls: dict  # name -> the widget the user sets
-    button: W.Button
+    button: W.Button | None  # None: the panel redraws on every change of a control (watch)
     extra: list = field(default_factory=list)  # follow-up controls (a step slider, a hazard picker)
     progress: W.IntProgress = field(default_factory=lambda: W.IntProgress(value=0, min=0, max=1))
     status: W.HTML = field(default_factory=W.HTML)
@@ -38,9 +50,10 @@ class Panel:
 
     def __post_init__(self):
         self.progress.layout = W.Layout(width="40%")
+        head = [*self.controls.values(), *([self.button] if self.button is not None else [])]
         self.box = W.VBox(
             [
-                W.HBox([*self.controls.values(), self.button]),
+                W.HBox(head),
                 W.HBox([self.progress, self.status]),
                 *self.extra,
                 self.figure,
@@ -65,6 +78,18 @@ class Panel:
         if tables:
             self.view.value = "".join(f"<h4>{html.escape(t)}</h4>{h}" for t, h in tables)
 
+    def settings(self) -> str:
+        """Every control's value, as the error line of a click names them."""
+        return ", ".join(f"{_label(w, k)} = {_shown(w.value)}" for k, w in self.controls.items())
+
+    def fail(self, where: str, e: Exception) -> None:
+        """Show an exception in the status line, in one line: where (the control and its value)
+        and what went wrong."""
+        self.state["error"] = e
+        self.progress.bar_style = "danger"
+        what = " ".join(str(e).split()) or type(e).__name__
+        self.say(f"error at {where}: {type(e).__name__}: {what}", error=True)
+
     def on_click(self, fn):
         """Run fn(panel, tick) on click, with the button disabled while it runs; fn returns a
         one-line summary. tick(total) starts the bar; then tick() per unit of work, tick(text=...)
@@ -73,6 +98,7 @@ class Panel:
         def handler(_=None):
             self.button.disabled = True
             self.state.pop("error", None)
+            where = f"'{self.button.description}' with {self.settings()}"
             t0 = time.perf_counter()
             tick = Ticker(self, t0)
             try:
@@ -80,17 +106,33 @@ class Panel:
                 self.progress.value, self.progress.bar_style = self.progress.max, "success"
                 self.say(f"{summary} ({time.perf_counter() - t0:.1f} s)")
             except Exception as e:  # shown, not raised: see the module docstring
-                self.state["error"] = e
-                self.progress.bar_style = "danger"
-                self.say(f"error: {e}", error=True)
+                self.fail(where, e)
             finally:
                 self.button.disabled = False
 
         self.button.on_click(handler)
         return handler
 
+    def watch(self, widget, fn, name=None):
+        """Call fn() whenever widget's value changes; an exception shows as one line naming the
+        control (its description, else name) and the value it was moved to."""
+
+        def handler(change=None):
+            self.state.pop("error", None)
+            try:
+                fn()
+            except Exception as e:  # shown, not raised: see the module docstring
+                self.fail(f"{_label(widget, name or 'control')} = {_shown(widget.value)}", e)
+
+        widget.observe(handler, "value")
+        return handler
+
     def click(self):
         self.button.click()
+
+    def set(self, name, value):
+        """Set a control as a user would (its observers run)."""
+        self.controls[name].value = value
 
 
 class Ticker:

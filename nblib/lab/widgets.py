@@ -6,9 +6,14 @@ question. Each callback calls the plain function the batch run calls and shows i
   02 gediff_explorer     a design against off, on the protocol  designs.compare, designs.explain
   03 timeline_explorer   one capture's streams, one hazard lit  overlap.audit_model, plots.stream_timeline
   04 fix_explorer        variant by bucket: corruption, speed   fix.run_variant, fix.step_times
+  06 report_explorer     one target's audit report              the reports engines.audit_all returned
 
-Each returns a Panel (nblib.lab.panel): show it as a cell's last value; panel.click() runs it.
+Each returns a Panel (nblib.lab.panel): show it as a cell's last value; panel.click() runs it. A
+run starts from the workload's seed (dev.manual_seed), as the notebook's batch run does, so a choice
+shows the same numbers each time it is run and a library call with the same arguments reproduces it.
 """
+
+import html
 
 import ipywidgets as W
 import matplotlib.pyplot as plt
@@ -33,6 +38,11 @@ def _rate(k, n):
     return stats.fmt_rate(k, n) if n else "no sessions"
 
 
+def _seeded(dev, workload):
+    """The device's RNG (the simulator's replay timing) at the workload's seed."""
+    dev.manual_seed(workload.get("seed", 0))
+
+
 # -- 00 ------------------------------------------------------------------------------------------
 
 
@@ -55,6 +65,7 @@ def matrix_explorer(dev, model, buckets, workload, logits_policy="transient"):
         overlaps = _need(p.value("overlaps"), "overlap setting")
         bs = [b for b in sorted(buckets) if b <= p.value("bucket")]
         reproduce.check_matrix_args(dtypes, modes, overlaps, bs, logits_policy)
+        _seeded(dev, workload)
         tick.start(len(dtypes) * len(modes) * len(overlaps), "capturing the first configuration")
         rows, aliases = reproduce.corruption_matrix(
             dev, model, bs, workload, dtypes, modes, overlaps, logits_policy, progress=tick
@@ -105,6 +116,7 @@ def page_map(dev, model, buckets, workload, logits_policy="transient", index_dty
     def run(p, tick):
         b = p.value("bucket")
         tick.start(pagemap.estimated_steps(workload, b), "capturing")
+        _seeded(dev, workload)
         r = pagemap.watch(
             dev, model, buckets, workload, p.value("overlap"), b, index_dtype, logits_policy, tick
         )
@@ -123,7 +135,7 @@ def page_map(dev, model, buckets, workload, logits_policy="transient", index_dty
         )
 
     p.on_click(run)
-    step.observe(draw, "value")
+    p.watch(step, draw)
     return p
 
 
@@ -174,7 +186,7 @@ def gediff_explorer(dev, model, buckets, workload, logits_policy="transient", se
         return designs.verdict(result, why)
 
     p.on_click(run)
-    step.observe(draw, "value")
+    p.watch(step, draw)
     return p
 
 
@@ -268,8 +280,8 @@ def timeline_explorer(
         return rep.summary()
 
     p.on_click(run)
-    shown.observe(pick_bucket, "value")
-    hazard.observe(draw, "value")
+    p.watch(shown, pick_bucket)
+    p.watch(hazard, draw)
     return p
 
 
@@ -293,6 +305,7 @@ def fix_explorer(dev, model, buckets, workload, replays=20, index_dtype="bf16"):
         variants = _need(p.value("variants"), "variant")
         bs = _need(p.value("buckets"), "bucket")
         tick.start(len(variants) * (len(bs) + 1), "capturing")
+        _seeded(dev, workload)
         rows, times = [], []
         for v in variants:
             rows += fix.run_variant(dev, model, bs, workload, v, index_dtype=index_dtype, progress=tick)
@@ -341,3 +354,32 @@ def _variant_figure(rows, times, variants):
     speed.legend(fontsize=8)
     fig.tight_layout()
     return fig
+
+
+# -- 06 ------------------------------------------------------------------------------------------
+
+
+def report_explorer(reports, targets, backends):
+    """The full audit report of the chosen target on the chosen backend, from `reports` (what
+    engines.audit_all returned, keyed by (target spec, backend)); redrawn as either control moves."""
+    p = Panel(
+        controls=dict(
+            target=W.Dropdown(options=list(targets), description="target", layout=W.Layout(width="60%")),
+            backend=W.Dropdown(options=list(backends), description="backend"),
+        ),
+        button=None,
+    )
+
+    def draw():
+        rep = reports[(p.value("target"), p.value("backend"))]
+        p.state["report"] = rep
+        p.view.value = f"<pre>{html.escape(rep.text())}</pre>"
+        p.say(
+            f"{rep.target} on {rep.backend}: {rep.status}, {len(rep.hazards)} hazard(s), "
+            f"{rep.ops} ops in {rep.captures} capture(s)"
+        )
+
+    for name, control in p.controls.items():
+        p.watch(control, draw, name)
+    draw()
+    return p

@@ -3,7 +3,7 @@ HTML (through pandas) for widgets and the published site. _fmt decides how a val
 to 4 significant digits, lists joined), the same in every table."""
 
 import pandas as pd
-from IPython.display import Markdown
+from IPython.display import Markdown, display
 
 from nblib.core import tables
 
@@ -37,6 +37,8 @@ def table(rows, columns=None):
     return Markdown(markdown_table(rows, columns))
 
 
-def say(text):
-    """A sentence computed from the data, shown as prose."""
-    return Markdown(text)
+def say(text: str) -> None:
+    """Display a sentence computed from the data as prose, wherever the call stands in a cell (a
+    value returned mid-cell is never shown, so a conclusion must not depend on being the last line).
+    Returns None, so a call on a cell's last line is not shown twice."""
+    display(Markdown(text))

@@ -96,6 +96,8 @@ def _lanes_then_warm(plan, gpus, params_path, out, timeout, rest):
     return first
 
 
+# seconds a notebook waits for its warm kernel's imports before it runs without their check
+WARM_WAIT = 300
 TUNED_ON = "H200"  # the GPU params/gpu.yaml's trunk depth was measured on
 
 
@@ -206,17 +208,22 @@ def _run_one(name, kernel, profile, params_path, out, timeout):
     # each notebook gets the keys it declares, defaults applied, so results.json records them
     values = {k: v for k, v in profile.items() if k in P.DECLARES[name]}
     extra = dict(km=kernel.km) if kernel is not None and kernel.alive() else {}
+    # the warm-up checked every import statement, a panel's under `if INTERACTIVE:` too: one that
+    # fails fails the notebook here, before its heavy cells run (nblib.run.warm)
+    if extra and kernel.ready(WARM_WAIT) and kernel.failure():
+        rec["error"] = f"{name}: {kernel.failure()}"
     try:
-        pm.execute_notebook(
-            str(NOTEBOOK_DIR / f"{name}.ipynb"),
-            str(dest),
-            parameters={**values, "output_dir": str(out)},
-            cwd=str(ROOT),
-            progress_bar=False,
-            execution_timeout=timeout,
-            kernel_name="python3",
-            **extra,
-        )
+        if rec["error"] is None:
+            pm.execute_notebook(
+                str(NOTEBOOK_DIR / f"{name}.ipynb"),
+                str(dest),
+                parameters={**values, "output_dir": str(out)},
+                cwd=str(ROOT),
+                progress_bar=False,
+                execution_timeout=timeout,
+                kernel_name="python3",
+                **extra,
+            )
     except Exception as e:  # papermill raises PapermillExecutionError with the cell
         rec["error"] = _describe(e)
     except Stopped as e:

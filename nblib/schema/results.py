@@ -103,10 +103,11 @@ class Fingerprint(BaseModel):
 
 
 class Reproduce00(ResultsFile):
-    # protocol_checks/protocol: the campaign's protocol came after the first long runs
-    OLDER: ClassVar[frozenset[str]] = ResultsFile.OLDER | {"protocol_checks", "protocol"}
+    # protocol_checks/protocol/protocol_verdict: absent from results written before the protocol ran
+    OLDER: ClassVar[frozenset[str]] = ResultsFile.OLDER | {"protocol_checks", "protocol", "protocol_verdict"}
 
     notebook: Literal["00_reproduce"]
+    protocol_verdict: str | None = None  # the protocol's sentence, shown under its figure
     protocol_checks: list[Row] | None = None
     protocol: P.Protocol | None = None  # None: the corrupting configuration was not run
     matrix: list[Row] | None = None
@@ -185,13 +186,15 @@ class OverlapHazard(BaseModel):
 
 
 class Overlap03(ResultsFile):
-    # csan_verdict: written on CUDA only (CSAN needs it); csan is None on the simulator
-    OLDER: ClassVar[frozenset[str]] = ResultsFile.OLDER | {"csan_verdict"}
+    # csan_verdict: written on CUDA only (CSAN needs it); csan is None on the simulator;
+    # hazard_sentences: absent from results written before the notebook stored them
+    OLDER: ClassVar[frozenset[str]] = ResultsFile.OLDER | {"csan_verdict", "hazard_sentences"}
 
     notebook: Literal["03_stream_overlap"]
     transient_rows_from: str | None = None
     toggles: list[Row] | None = None
     hazards: list[OverlapHazard] | None = None
+    hazard_sentences: list[str] | None = None  # one per racy configuration: its first hazard
     graph_check: list[Row] | None = None
     zoo: list[Row] | None = None
     graph_verdict: str | None = None
