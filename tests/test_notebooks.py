@@ -11,6 +11,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 import yaml
+from conclusions import displayed, missing
 from index_writers import write_records
 from PIL import Image
 from scipy.stats import fisher_exact
@@ -462,3 +463,11 @@ def test_a_notebook_stopped_by_a_time_limit_is_marked_failed(tmp_path):
     rec = json.loads((out / "index.json").read_text())["notebooks"][0]
     assert rec["notebook"] == "00_reproduce" and rec["status"] == "failed"
     assert "stopped by signal 15" in rec["error"]
+
+
+@pytest.mark.parametrize("name", suite.NOTEBOOKS)
+def test_every_conclusion_a_notebook_computes_is_displayed_in_its_executed_copy(ci_suite, name):
+    """Read from the .ipynb's outputs, as a reader of the executed notebook meets them: each verdict,
+    00's protocol verdict, 02's explanation and recommendation, 03's hazard sentences, 04's checks."""
+    res = json.loads((ci_suite / f"{name}.results.json").read_text())
+    assert missing(res, displayed(ci_suite / f"{name}.ipynb")) == []

@@ -7,6 +7,7 @@ import os
 import re
 
 import pytest
+from conclusions import missing, page
 from markupsafe import escape
 
 from nblib.publish import browse, site
@@ -79,6 +80,12 @@ def test_the_site_has_every_page_with_relative_links(ci_suite, built):
         for href in links((built.root / name).read_text()):
             assert not re.match(r"^(/|file:|https?:)", href), (name, href)
     assert 'href="site/index.html"' in (ci_suite / "index.html").read_text()  # the run's index links it
+
+
+@pytest.mark.parametrize("name", suite.NOTEBOOKS)
+def test_every_conclusion_is_on_the_notebooks_published_page(ci_suite, built, name):
+    res = json.loads((ci_suite / f"{name}.results.json").read_text())
+    assert missing(res, page(built.root / f"{name}.html")) == []
 
 
 @needs_chromium

@@ -6,6 +6,7 @@ import ast
 import html
 import inspect
 
+import ipywidgets as W
 import nbformat
 import pytest
 import torch
@@ -13,6 +14,7 @@ import torch
 from nblib.backends.device import get
 from nblib.instruments import canary
 from nblib.lab import pagemap, widgets
+from nblib.lab.panel import Panel
 from nblib.schema import params as P
 from nblib.studies import designs, reproduce
 
@@ -64,7 +66,12 @@ def test_a_bad_choice_says_so_in_one_line_and_runs_nothing(dev):
     p.controls["index_dtypes"].value = ()
     p.click()
     assert str(p.state["error"]) == "choose at least one index dtype"
-    assert "error: choose at least one index dtype" in p.status.value and p.progress.bar_style == "danger"
+    assert p.status.value == (
+        "<span style='color:#a00'>error at &#x27;run matrix&#x27; with index dtype = (none), "
+        "mode = (graph, eager), overlap = (on, off), up to bucket = 2: "
+        "ValueError: choose at least one index dtype</span>"
+    )
+    assert p.progress.bar_style == "danger"
     assert "rows" not in p.state and not p.button.disabled  # usable again
 
 
@@ -170,6 +177,46 @@ def test_fix_explorer_reports_variant_by_bucket(dev):
     assert "persistent buffer" in p.view.value and image(p).startswith(PNG)
 
 
+def test_an_error_in_a_controls_callback_shows_in_one_line_naming_the_control_and_its_value():
+    bucket = W.Dropdown(options=[1, 2, 4], value=1, description="bucket")
+    p = Panel(controls=dict(bucket=bucket), button=None)
+
+    def draw():
+        if bucket.value == 4:
+            raise ValueError("no capture for\nbucket 4")
+
+    p.watch(bucket, draw)
+    bucket.value = 2
+    assert "error" not in p.state
+    bucket.value = 4  # as a user moves it: the observer runs, its exception must not be lost
+    assert isinstance(p.state["error"], ValueError)
+    assert p.status.value == (
+        "<span style='color:#a00'>error at bucket = 4: ValueError: no capture for bucket 4</span>"
+    )
+    bucket.value = 2  # a good value again clears the error
+    assert "error" not in p.state
+
+
+def test_report_explorer_shows_the_chosen_targets_report_and_redraws_on_a_change():
+    class Report:
+        def __init__(self, target, backend, status):
+            self.target, self.backend, self.status = target, backend, status
+            self.hazards, self.ops, self.captures = [object()] * (status == "hazards"), 7, 1
+
+        def text(self):
+            return f"report of {self.target} on {self.backend} <{self.status}>"
+
+    reports = {(t, b): Report(t, b, s) for t, s in (("a.py:buggy", "hazards"), ("a.py:fixed", "clean"))
+               for b in ("sim", "cuda")}  # fmt: skip
+    p = widgets.report_explorer(reports, ["a.py:buggy", "a.py:fixed"], ["sim", "cuda"])
+    assert p.view.value == "<pre>report of a.py:buggy on sim &lt;hazards&gt;</pre>"
+    assert "a.py:buggy on sim: hazards, 1 hazard(s), 7 ops in 1 capture(s)" in p.status.value
+    p.controls["target"].value = "a.py:fixed"
+    assert p.view.value == "<pre>report of a.py:fixed on sim &lt;clean&gt;</pre>"
+    p.controls["backend"].value = "cuda"
+    assert p.state["report"] is reports[("a.py:fixed", "cuda")]
+
+
 def interactive_cell(name):
     """The notebook's `if INTERACTIVE:` cell and every name the cells before it assign."""
     nb = nbformat.read(P.ROOT / "notebooks" / f"{name}.ipynb", 4)
@@ -193,6 +240,7 @@ def interactive_cell(name):
         ("02_graph_vs_eager", "gediff_explorer"),
         ("03_stream_overlap", "timeline_explorer"),
         ("04_persistent_buffer_fix", "fix_explorer"),
+        ("06_audit_your_engine", "report_explorer"),
     ],
 )
 def test_each_notebook_builds_its_panel_from_names_it_defines(name, builder):
@@ -205,10 +253,7 @@ def test_each_notebook_builds_its_panel_from_names_it_defines(name, builder):
     assert len(calls) == 1, f"{name} should call widgets.{builder}"
     call = calls[0]
     inspect.signature(getattr(widgets, builder)).bind(*call.args, **{k.arg: k.value for k in call.keywords})
-    used = {
-        n.id
-        for a in call.args + [k.value for k in call.keywords]
-        for n in ast.walk(a)
-        if isinstance(n, ast.Name)
-    }
+    names = [n for a in call.args + [k.value for k in call.keywords] for n in ast.walk(a)]
+    bound_inside = {n.id for n in names if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    used = {n.id for n in names if isinstance(n, ast.Name)} - bound_inside  # a comprehension's own names
     assert used <= known, f"{name}: {sorted(used - known)} not defined before the cell"
