@@ -7,9 +7,10 @@ import os
 import re
 
 import pytest
-from conclusions import missing, page
+from conclusions import displayed, missing, page
 from markupsafe import escape
 
+from nblib.core.paths import ROOT
 from nblib.publish import browse, site
 from nblib.run import suite
 
@@ -86,6 +87,15 @@ def test_the_site_has_every_page_with_relative_links(ci_suite, built):
 def test_every_conclusion_is_on_the_notebooks_published_page(ci_suite, built, name):
     res = json.loads((ci_suite / f"{name}.results.json").read_text())
     assert missing(res, page(built.root / f"{name}.html")) == []
+
+
+@pytest.mark.parametrize("name", suite.NOTEBOOKS)
+def test_the_committed_h200_run_shows_every_conclusion_in_its_notebook_and_on_its_page(name):
+    run = ROOT / "outputs" / "gpu"
+    res = json.loads((run / f"{name}.results.json").read_text())
+    assert res["backend"] == "cuda"
+    assert missing(res, displayed(run / f"{name}.ipynb")) == []
+    assert missing(res, page(run / "site" / f"{name}.html")) == []
 
 
 @needs_chromium
