@@ -18,6 +18,8 @@ TORCH_INDEX ?=
 TRITON ?= triton==3.6.0
 SYSTEM_SITE ?=
 LAB_ARGS ?=
+# the folder JupyterLab opens on
+LAB_ROOT ?= notebooks
 # pytest-xdist workers for make test: one per core (auto); TEST_WORKERS=0 runs the tests in one process
 TEST_WORKERS ?= auto
 
@@ -78,6 +80,6 @@ bench: .venv/.stamp
 # The venv's own python3 kernel runs the notebooks: the same packages as `make suite` and `make test`.
 # Containers often run as root, which JupyterLab refuses unless told.
 lab: .venv/.stamp
-	$(PY) -m jupyterlab --ServerApp.root_dir=notebooks $(if $(filter 0,$(shell id -u)),--allow-root) $(LAB_ARGS)
+	$(PY) -m jupyterlab --ServerApp.root_dir=$(LAB_ROOT) $(if $(filter 0,$(shell id -u)),--allow-root) $(LAB_ARGS)
 
 .PHONY: suite lint test test-newest bench bench-suite lab

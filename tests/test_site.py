@@ -3,35 +3,16 @@ a real headless browser (Debian's chromium through Playwright): pages load witho
 images load, internal links resolve, no traceback shows. A broken site must fail the same check."""
 
 import json
-import os
 import re
 
 import pytest
+from browsers import MUST_BROWSE, chromium_or_skip
 from conclusions import displayed, missing, page
 from markupsafe import escape
 
 from nblib.core.paths import ROOT
 from nblib.publish import browse, site
 from nblib.run import suite
-
-# set by .ci/run (CI=true by most CI services): there a missing browser fails the browser tests
-# instead of skipping them, so the site check cannot silently stop running
-MUST_BROWSE = "NBLIB_REQUIRE_BROWSER"
-
-
-def browser_required():
-    return os.environ.get(MUST_BROWSE) == "1" or os.environ.get("CI", "").lower() in ("1", "true")
-
-
-def chromium_or_skip():
-    """Skip without Chromium, or fail when the browser is required here."""
-    if browse.CHROMIUM.exists():
-        return
-    why = f"{browse.CHROMIUM} is absent (apt-get install -y chromium)"
-    if browser_required():
-        pytest.fail(f"{why}: {MUST_BROWSE}=1 or CI requires the browser check")
-    pytest.skip(why)
-
 
 needs_chromium = pytest.mark.usefixtures("chromium")
 

@@ -24,6 +24,7 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel
@@ -161,11 +162,19 @@ def _replay(step, rep, dev, replays):
     return diffs
 
 
+def in_repository(spec: str) -> str:
+    """A target of this repository's examples (path.py:function, the path from the repository's root)
+    with the path made absolute, so it loads whatever the process's working folder (JupyterLab starts
+    a notebook's kernel in the notebook's folder, papermill here in the repository's)."""
+    path, _, fn = spec.rpartition(":")
+    return f"{ROOT / path}:{fn}" if path.endswith(".py") and not Path(path).is_absolute() else spec
+
+
 def audit_one(t, dev, replays=0):
     """Build the target with the facade, audit it (audit_target.audit_step, the CLI's own path),
     replay it `replays` times against the eager step. Returns (Finding, TargetReport)."""
     t0 = time.perf_counter()
-    loaded = AT.load(t.spec)
+    loaded = AT.load(in_repository(t.spec))
     prev = dev.current_stream()
     try:
         step = loaded.fn(dev)

@@ -1,0 +1,225 @@
+"""JupyterLab as a user meets it, for tests/test_lab_browser.py: the server `make lab` starts (on a free
+port, in its own process group, stopped by stop()), a notebook of the ci profile opened in Debian's
+Chromium through Playwright, its panels switched on in the parameters cell, every cell run from the
+Run menu, and the panel's controls set and read as a person would."""
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import nbformat
+from papermill.iorw import load_notebook_node
+from papermill.parameterize import parameterize_notebook
+
+from nblib.core.paths import NOTEBOOK_DIR, ROOT
+from nblib.publish import browse
+from nblib.schema import params as P
+
+TOKEN = "nblib-lab-test"
+DONE = re.compile(r"\(\d+\.\d s\)$|^error at ")  # a panel's status line once a run has ended
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def ci_copy(name: str, root: Path, out: Path) -> Path:
+    """The notebook with the ci profile's values injected as papermill injects them (a cell tagged
+    injected-parameters after the parameters cell), into root; its results go to out."""
+    profile = P.load(ROOT / "params" / "ci.yaml")
+    values = {k: v for k, v in profile.items() if k in P.DECLARES[name]}
+    nb = load_notebook_node(str(NOTEBOOK_DIR / f"{name}.ipynb"))
+    nb = parameterize_notebook(nb, {**values, "output_dir": str(out)})
+    dest = root / f"{name}.ipynb"
+    nbformat.write(nb, dest)
+    return dest
+
+
+class Lab:
+    """`make lab` on root (a folder of notebooks), with a config and home of its own under state."""
+
+    def __init__(self, root: Path, state: Path):
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        config = state / "config"
+        settings = config / "lab" / "user-settings" / "@jupyterlab"
+        # no news or update pop-up over the notebook (and no request for them); every cell in the
+        # page, not only those in view (JupyterLab's default windowing leaves the others out of the DOM)
+        for ext, name, value in (
+            ("apputils-extension", "notification", {"fetchNews": "false", "checkForUpdates": False}),
+            ("notebook-extension", "tracker", {"windowingMode": "none"}),
+        ):
+            (settings / ext).mkdir(parents=True, exist_ok=True)
+            (settings / ext / f"{name}.jupyterlab-settings").write_text(json.dumps(value))
+        args = (
+            f"--no-browser --port={self.port} --IdentityProvider.token={TOKEN} "
+            f"--ServerApp.runtime_dir={state / 'runtime'}"
+        )
+        # -o .venv/.stamp: the venv as it is (a test must not reinstall it); PY: this interpreter
+        cmd = [
+            "make",
+            "-o",
+            ".venv/.stamp",
+            "lab",
+            f"PY={sys.executable}",
+            f"LAB_ARGS={args}",
+            f"LAB_ROOT={root}",
+        ]
+        env = {**os.environ, "JUPYTER_CONFIG_DIR": str(config), "HOME": str(state)}
+        self.log = open(state / "lab.log", "w")  # noqa: SIM115 (closed by stop)
+        self.proc = subprocess.Popen(
+            cmd, cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        self._wait_up(state / "lab.log")
+
+    def _wait_up(self, log, timeout=120):
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self.api("status")
+                return
+            except OSError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise AssertionError(f"JupyterLab did not start: {log.read_text()[-2000:]}") from None
+                time.sleep(0.5)
+
+    def api(self, path, method="GET"):
+        req = urllib.request.Request(f"{self.base}/api/{path}?token={TOKEN}", method=method)
+        with urllib.request.urlopen(req, timeout=10) as r:
+            body = r.read()
+        return json.loads(body) if body else None
+
+    def url(self, name):
+        # ?reset: a fresh workspace, so the notebook opened before is not opened again beside it
+        return f"{self.base}/lab/tree/{name}.ipynb?reset&token={TOKEN}"
+
+    def shut_kernels(self):
+        for s in self.api("sessions"):
+            self.api(f"sessions/{s['id']}", "DELETE")
+
+    def stop(self):
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)  # make and the server it started, nothing else
+        self.proc.wait(timeout=60)
+        self.log.close()
+
+
+def browser(pw):
+    return pw.chromium.launch(executable_path=str(browse.CHROMIUM), args=browse.FLAGS)
+
+
+class Notebook:
+    """One notebook open in JupyterLab, in a page of its own."""
+
+    def __init__(self, page, lab, name):
+        self.page, self.name = page, name
+        page.goto(lab.url(name))
+        page.wait_for_selector(".jp-NotebookPanel .jp-Cell", timeout=120_000)
+        page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=120_000)
+
+    def switch_panels_on(self):
+        """As a user would: type INTERACTIVE = True at the end of the parameters papermill injected."""
+        cell = self.page.locator(".jp-Cell").filter(has_text="# Parameters").first
+        cell.locator(".cm-content").click()
+        self.page.keyboard.press("Control+End")
+        self.page.keyboard.type("\nINTERACTIVE = True")
+        self.page.keyboard.press("Escape")
+
+    def run_all(self, timeout_s=900):
+        """Run > Run All Cells, then wait for the last cell's status line or a traceback."""
+        self.page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
+        self.page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
+        self.page.wait_for_function(
+            """() => [...document.querySelectorAll('.jp-OutputArea-output')].some(e =>
+                 /status: ok|Traceback \\(most recent call last\\)/.test(e.innerText))""",
+            timeout=timeout_s * 1000,
+        )
+        self.page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=60_000)
+
+    def errors(self):
+        """The error outputs the page shows (a traceback's first lines each), none when all ran."""
+        texts = self.page.locator(".jp-OutputArea-output").all_inner_texts()
+        return [t[:400] for t in texts if "Traceback (most recent call last)" in t]
+
+    def saved(self, root: Path):
+        """Save (Ctrl+S) and read the notebook back from disk."""
+        self.page.locator(".jp-Notebook").first.click(position={"x": 5, "y": 5})
+        self.page.keyboard.press("Control+s")
+        self.page.wait_for_timeout(1500)
+        return json.loads((root / f"{self.name}.ipynb").read_text())
+
+
+class Panel:
+    """The live panel a notebook displayed: its controls by description, its status line, tables."""
+
+    def __init__(self, page):
+        self.page = page
+        self.root = page.locator(".jp-OutputArea-output .widget-vbox").last
+        self.root.wait_for(timeout=60_000)
+
+    def control(self, kind, label):
+        return self.root.locator(f".widget-{kind}").filter(has=self.page.locator(f"label:text-is('{label}')"))
+
+    def select(self, label, *values, multiple=False):
+        kind = "select-multiple" if multiple else "dropdown"
+        self.control(kind, label).locator("select").select_option(list(values))
+
+    def slide(self, label, steps=1):
+        handle = self.control("slider", label).locator(".noUi-handle").first
+        handle.focus()
+        for _ in range(steps):
+            handle.press("ArrowRight")
+
+    def slider_value(self, label):
+        return int(self.control("slider", label).locator(".widget-readout").inner_text())
+
+    def status(self):
+        return self.root.locator(".widget-hprogress + .widget-html .widget-html-content").inner_text().strip()
+
+    def click(self, text, timeout_s=600):
+        before = self.status()
+        self.root.locator("button", has_text=text).click()
+        self.page.wait_for_function(
+            """([root, before]) => {
+                 const s = root.querySelector('.widget-hprogress + .widget-html .widget-html-content');
+                 const t = s ? s.innerText.trim() : '';
+                 return t !== before && /\\(\\d+\\.\\d s\\)$|^error at /.test(t);
+               }""",
+            arg=[self.root.element_handle(), before],
+            timeout=timeout_s * 1000,
+        )
+        return self.status()
+
+    def wait_status(self, pattern, timeout_s=60):
+        self.page.wait_for_function(
+            """([root, pattern]) => {
+                 const s = root.querySelector('.widget-hprogress + .widget-html .widget-html-content');
+                 return s && new RegExp(pattern).test(s.innerText);
+               }""",
+            arg=[self.root.element_handle(), pattern],
+            timeout=timeout_s * 1000,
+        )
+        return self.status()
+
+    def table(self, title):
+        """The rows of the table under the heading `title`, as dicts of the cells' text."""
+        t = self.root.locator(f"h4:text-is('{title}') + table")
+        cells = t.evaluate("t => [...t.rows].map(r => [...r.cells].map(c => c.innerText.trim()))")
+        return [dict(zip(cells[0], r)) for r in cells[1:]]
+
+    def options(self, label):
+        """A dropdown's choices as text (the browser shows a non-breaking space as a space)."""
+        texts = self.control("dropdown", label).locator("option").all_inner_texts()
+        return [t.replace("\xa0", " ") for t in texts]
+
+    def text(self):
+        return self.root.inner_text()
