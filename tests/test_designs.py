@@ -128,6 +128,34 @@ def test_dispersion_p_is_pearsons_chi_square_over_the_runs():
     assert protocol.dispersion_p([_run(i, 0) for i in range(5)]) == 1.0  # nothing to test
 
 
+def test_each_buckets_steps_are_pooled_over_the_runs_with_their_rate_and_interval():
+    from nblib.studies.protocol import BucketSteps
+
+    a, b = _run(0, 3), _run(1, 5)
+    a.buckets = [
+        BucketSteps(bucket=8, steps=4, corrupted_steps=0),
+        BucketSteps(bucket=24, steps=9, corrupted_steps=7),
+    ]
+    b.buckets = [
+        BucketSteps(bucket=24, steps=11, corrupted_steps=9),
+        BucketSteps(bucket=32, steps=5, corrupted_steps=1),
+    ]
+    p = protocol.summarise([a, b])
+    assert [(x.bucket, x.steps, x.corrupted_steps) for x in p.bucket_steps] == [
+        (8, 4, 0),
+        (24, 20, 16),
+        (32, 5, 1),
+    ]
+    (row,) = [r for r in protocol.bucket_rows(p) if r["bucket"] == 24]
+    # Wilson's score interval for 16 of 20 at z = 1.96, from the textbook formula
+    z, n, ph = 1.959963984540054, 20, 0.8
+    mid, half = (ph + z * z / (2 * n)), z * ((ph * (1 - ph) / n + z * z / (4 * n * n)) ** 0.5)
+    assert row["step_rate"] == 0.8
+    assert (row["lo"], row["hi"]) == pytest.approx(
+        ((mid - half) / (1 + z * z / n), (mid + half) / (1 + z * z / n))
+    )
+
+
 def test_the_protocol_runs_every_session_together_and_counts_every_step():
     dev = get("sim")
     m = build.model(dev, DIFFERENTIAL, index_dtype="bf16", overlap="on")
@@ -138,6 +166,7 @@ def test_the_protocol_runs_every_session_together_and_counts_every_step():
     for r in p.runs:  # every step is in some bucket; none is left out of the run's count
         assert sum(b.steps for b in r.buckets) == r.steps
         assert sum(b.corrupted_steps for b in r.buckets) == r.corrupted_steps
+    assert sum(b.steps for b in p.bucket_steps) == p.steps
     assert p.pooled.sessions == 12 and p.steps == sum(r.steps for r in p.runs)
     with pytest.raises(ValueError, match="at least one run"):
         protocol.seeds(0, 0)

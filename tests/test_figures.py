@@ -22,7 +22,7 @@ from nblib.core.paths import ROOT
 from nblib.publish import plots
 from nblib.run import sweep, sweep_table
 from nblib.schema import params as P
-from nblib.studies import overlap
+from nblib.studies import overlap, protocol
 
 SHOWN_PX = 1000  # the width a figure is read at (the site scales wider images down, never up)
 MIN_FONT_PX = 9.0  # the smallest text height a reader can be asked to read at that width
@@ -345,6 +345,7 @@ def test_every_figure_of_the_ci_suite(ci_suite):
     r4 = json.loads((ci_suite / "04_persistent_buffer_fix.results.json").read_text())
     for name in (
         "00_protocol",
+        "00_bucket_steps",
         "00_matrix_sessions",
         "00_race_window",
         "02_designs",
@@ -354,6 +355,7 @@ def test_every_figure_of_the_ci_suite(ci_suite):
         assert (ci_suite / f"{name}.png").exists(), name
     check(plots.corruption_heatmap(r0["matrix"]))
     check(plots.protocol_runs(r0["protocol"], "bf16 + graph + overlap on"))
+    check(plots.bucket_steps(protocol.bucket_rows(protocol.Protocol.model_validate(r0["protocol"]))))
     check(plots.race_window(r0["window_steps"]))
     check(plots.design_rates([r2["off"], *r2["designs"]], r2["explanation"]["findings"]))
     check(plots.step_times(r4["times"]))

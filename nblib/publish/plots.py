@@ -224,6 +224,26 @@ def protocol_runs(proto, title="the campaign's protocol"):
     return fig
 
 
+def bucket_steps(rows, title="steps by bucket, pooled over the runs"):
+    """Per bucket (protocol.bucket_rows): the share of its replayed steps that corrupted, with the
+    Wilson 95% interval, and k/n beside each point: which buckets carry the race, and whether the
+    kernels' timing decides it step by step (a rate between 0 and 1) or the bucket alone (0 or 1)."""
+    fig, ax = plt.subplots(figsize=(7.5, 0.45 * len(rows) + 1.4))
+    ys = list(range(len(rows)))[::-1]
+    for y, r in zip(ys, rows):
+        colour = "tab:red" if r["corrupted_steps"] else "dimgray"
+        ax.errorbar(r["step_rate"], y, xerr=[[r["step_rate"] - r["lo"]], [r["hi"] - r["step_rate"]]],
+                    fmt="o", color=colour, capsize=3)  # fmt: skip
+        ax.text(1.04, y, f"{r['corrupted_steps']}/{r['steps']} steps", va="center", fontsize=8)
+    ax.set_yticks(ys, [f"bucket {r['bucket']}" for r in rows])
+    ax.set_xlim(-0.02, 1.02)
+    ax.set_ylim(-0.6, len(rows) - 0.4)
+    ax.set_xlabel("steps corrupted (Wilson 95%)")
+    ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
 def design_rates(arms, findings=None):
     """The corruption rate per arm with its Wilson interval (off first), each labelled with what
     the differential saw and, from findings, the effect and why."""

@@ -23,6 +23,10 @@ FIGURES = (
         "The campaign's protocol: each run's corrupted sessions and the pooled rate (notebook 00)",
     ),
     (
+        "00_bucket_steps.png",
+        "Each bucket's replayed steps and how many corrupted, pooled over the protocol's runs (notebook 00)",
+    ),
+    (
         "02_designs.png",
         "The differential's designs on the protocol: rate per design, what each saw (notebook 02)",
     ),

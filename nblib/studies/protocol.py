@@ -66,13 +66,15 @@ class Pooled(BaseModel):
 
 class Protocol(BaseModel):
     """Every run, the pooled rate, and the dispersion test's p-value (1.0 when it cannot reject:
-    every run clean, every run fully corrupted, or a single run)."""
+    every run clean, every run fully corrupted, or a single run); bucket_steps: each bucket's steps
+    and corrupted steps pooled over the runs (empty in results written before it was recorded)."""
 
     runs: list[ProtocolRun]
     pooled: Pooled
     dispersion_p: float
     steps: int
     corrupted_steps: int
+    bucket_steps: list[BucketSteps] = []
 
 
 def seeds(base, n):
@@ -135,6 +137,16 @@ def pool(runs):
     )
 
 
+def pool_buckets(runs) -> list[BucketSteps]:
+    """Each bucket's steps and corrupted steps, summed over the runs, by bucket."""
+    steps, bad = {}, {}
+    for r in runs:
+        for b in r.buckets:
+            steps[b.bucket] = steps.get(b.bucket, 0) + b.steps
+            bad[b.bucket] = bad.get(b.bucket, 0) + b.corrupted_steps
+    return [BucketSteps(bucket=b, steps=steps[b], corrupted_steps=bad[b]) for b in sorted(steps)]
+
+
 def summarise(runs):
     return Protocol(
         runs=runs,
@@ -142,7 +154,18 @@ def summarise(runs):
         dispersion_p=dispersion_p(runs),
         steps=sum(r.steps for r in runs),
         corrupted_steps=sum(r.corrupted_steps for r in runs),
+        bucket_steps=pool_buckets(runs),
     )
+
+
+def bucket_rows(p: Protocol) -> list[dict]:
+    """Table rows: each bucket's pooled steps, corrupted steps and the per-step rate with its Wilson
+    95% interval."""
+    rows = []
+    for b in p.bucket_steps:
+        ci = stats.rate(b.corrupted_steps, b.steps)
+        rows.append(dict(b.model_dump(), step_rate=ci["rate"], lo=ci["lo"], hi=ci["hi"]))
+    return rows
 
 
 def run(
