@@ -24,7 +24,7 @@ def _output_text(out) -> str:
         if mime in data:
             return "".join(data[mime])
     if "text/html" in data:
-        return html.unescape(re.sub(r"<[^>]+>", " ", "".join(data["text/html"])))
+        return text_of_html("".join(data["text/html"]))
     return ""
 
 
@@ -36,9 +36,19 @@ def displayed(ipynb: Path) -> str:
     return normal(" ".join(_output_text(o) for o in outs))
 
 
+def text_of_html(markup: str) -> str:
+    """HTML's text as a reader sees it: tags dropped, entities decoded, white space collapsed."""
+    return " ".join(html.unescape(re.sub(r"<[^>]+>", " ", markup)).split())
+
+
+def page_text(path: Path) -> str:
+    """A page's text as a reader sees it (text_of_html of the file)."""
+    return text_of_html(Path(path).read_text())
+
+
 def page(path: Path) -> str:
-    """A published page's text as a reader sees it: tags dropped, entities decoded."""
-    return normal(html.unescape(re.sub(r"<[^>]+>", " ", Path(path).read_text())))
+    """A published page's text, normalised as displayed() is."""
+    return normal(page_text(path))
 
 
 def sentences(res: dict) -> list[tuple[str, str]]:

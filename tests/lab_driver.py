@@ -5,7 +5,6 @@ Run menu, and the panel's controls set and read as a person would."""
 
 import json
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -23,7 +22,8 @@ from nblib.publish import browse
 from nblib.schema import params as P
 
 TOKEN = "nblib-lab-test"
-DONE = re.compile(r"\(\d+\.\d s\)$|^error at ")  # a panel's status line once a run has ended
+DONE = r"\(\d+\.\d s\)$|^error at "  # a panel's status line once a run has ended (a JavaScript regex)
+STATUS = ".widget-hprogress + .widget-html .widget-html-content"  # a panel's status line
 
 
 def free_port() -> int:
@@ -183,32 +183,27 @@ class Panel:
         return int(self.control("slider", label).locator(".widget-readout").inner_text())
 
     def status(self):
-        return self.root.locator(".widget-hprogress + .widget-html .widget-html-content").inner_text().strip()
+        return self.root.locator(STATUS).inner_text().strip()
+
+    def wait_status(self, pattern, timeout_s=60, other_than=None):
+        """Wait until the status line matches `pattern` (a JavaScript regular expression) and differs
+        from `other_than`; returns it."""
+        self.page.wait_for_function(
+            """([root, status, pattern, before]) => {
+                 const s = root.querySelector(status);
+                 const t = s ? s.innerText.trim() : '';
+                 return t !== before && new RegExp(pattern).test(t);
+               }""",
+            arg=[self.root.element_handle(), STATUS, pattern, other_than],
+            timeout=timeout_s * 1000,
+        )
+        return self.status()
 
     def click(self, text, timeout_s=600):
+        """Click the button and wait until its run has ended (its time, or an error, in the status line)."""
         before = self.status()
         self.root.locator("button", has_text=text).click()
-        self.page.wait_for_function(
-            """([root, before]) => {
-                 const s = root.querySelector('.widget-hprogress + .widget-html .widget-html-content');
-                 const t = s ? s.innerText.trim() : '';
-                 return t !== before && /\\(\\d+\\.\\d s\\)$|^error at /.test(t);
-               }""",
-            arg=[self.root.element_handle(), before],
-            timeout=timeout_s * 1000,
-        )
-        return self.status()
-
-    def wait_status(self, pattern, timeout_s=60):
-        self.page.wait_for_function(
-            """([root, pattern]) => {
-                 const s = root.querySelector('.widget-hprogress + .widget-html .widget-html-content');
-                 return s && new RegExp(pattern).test(s.innerText);
-               }""",
-            arg=[self.root.element_handle(), pattern],
-            timeout=timeout_s * 1000,
-        )
-        return self.status()
+        return self.wait_status(DONE, timeout_s, other_than=before)
 
     def table(self, title):
         """The rows of the table under the heading `title`, as dicts of the cells' text."""
@@ -220,6 +215,3 @@ class Panel:
         """A dropdown's choices as text (the browser shows a non-breaking space as a space)."""
         texts = self.control("dropdown", label).locator("option").all_inner_texts()
         return [t.replace("\xa0", " ") for t in texts]
-
-    def text(self):
-        return self.root.inner_text()

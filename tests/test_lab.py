@@ -4,16 +4,14 @@ and environment.yml asks for the same packages as pyproject.toml."""
 import json
 import os
 import re
-import signal
-import socket
-import subprocess
 import sys
 import time
 import urllib.request
 
 import yaml
+from lab_driver import TOKEN, Lab
 
-from nblib.core.paths import ROOT
+from nblib.core.paths import NOTEBOOK_DIR, ROOT
 
 try:
     import tomllib
@@ -40,12 +38,6 @@ def test_environment_yml_lists_the_packages_pyproject_declares():
     # a version pinned in both must be the same (torch and triton are pinned only where CPU installs are made)
     both = _pins(listed).keys() & _pins(declared).keys()
     assert {k: _pins(listed)[k] for k in both} == {k: _pins(declared)[k] for k in both}
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _get(url):
@@ -88,28 +80,10 @@ def kernel_interpreter(base, token):
 
 
 def test_make_lab_serves_the_notebooks_with_the_project_kernel(tmp_path):
-    port, token = _free_port(), "nblib-test"
-    args = f"--no-browser --port={port} --IdentityProvider.token={token} --ServerApp.runtime_dir={tmp_path}"
-    # -o .venv/.stamp: use the venv as it is (the test must not reinstall it); PY: this interpreter
-    cmd = ["make", "-o", ".venv/.stamp", "lab", f"PY={sys.executable}", f"LAB_ARGS={args}"]
-    env = {**os.environ, "JUPYTER_CONFIG_DIR": str(tmp_path / "config"), "HOME": str(tmp_path)}
-    lab = subprocess.Popen(
-        cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
-    )
-    base = f"http://127.0.0.1:{port}"
+    lab = Lab(NOTEBOOK_DIR, tmp_path)  # `make lab` on its default folder's notebooks
+    base, token = lab.base, TOKEN
     try:
-        deadline = time.monotonic() + 90
-        while True:
-            try:
-                status, _ = _get(f"{base}/api/status?token={token}")
-                break
-            except OSError:
-                if lab.poll() is not None or time.monotonic() > deadline:
-                    raise AssertionError(
-                        f"JupyterLab did not start: {lab.stderr.read().decode()[-2000:]}"
-                    ) from None
-                time.sleep(0.5)
-        assert status == 200
+        assert _get(f"{base}/api/status?token={token}")[0] == 200
         assert _get(f"{base}/lab?token={token}")[0] == 200  # the JupyterLab UI itself is served
         listing = json.loads(_get(f"{base}/api/contents?token={token}")[1])
         names = {c["name"] for c in listing["content"]}
@@ -125,6 +99,4 @@ def test_make_lab_serves_the_notebooks_with_the_project_kernel(tmp_path):
         # the kernel the server starts for the notebooks runs on this environment's interpreter
         assert kernel_interpreter(base, token) == sys.executable
     finally:
-        if lab.poll() is None:
-            os.killpg(lab.pid, signal.SIGTERM)  # make and the server it started, nothing else
-        lab.wait(timeout=30)
+        lab.stop()

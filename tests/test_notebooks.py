@@ -1,7 +1,6 @@
 """The notebooks, executed headlessly by papermill with the ci profile on the simulator: the whole
 suite runs once (the ci_suite fixture, as CI runs the main job) and each test reads that run."""
 
-import html
 import json
 import re
 import shutil
@@ -11,7 +10,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 import yaml
-from conclusions import displayed, missing
+from conclusions import displayed, missing, page_text
 from index_writers import write_records
 from PIL import Image
 from scipy.stats import fisher_exact
@@ -28,11 +27,6 @@ from nblib.studies import fix, reproduce
 
 CI = P.ROOT / "params" / "ci.yaml"
 SAVE_DPI = 120  # the notebooks' fig.savefig(..., dpi=120)
-
-
-def page_text(path):
-    """A page's text as a reader sees it: tags dropped, entities decoded, white space collapsed."""
-    return " ".join(html.unescape(re.sub(r"<[^>]+>", " ", path.read_text())).split())
 
 
 def shows(path, text):

@@ -73,6 +73,9 @@ def ordered(a, b):
 # ------------------------------------------------------------------------------------------------
 
 
+VERBS = {"r": "reads", "w": "writes", "rw": "reads and writes"}  # an access's kind, as a sentence says it
+
+
 @dataclass(eq=False)
 class Hazard:
     """One race: two ops on different streams, unordered, touching the same bytes, one writing.
@@ -130,12 +133,11 @@ class Hazard:
         """The hazard in one sentence: which ops, on which streams, touch which bytes, and whether
         the bytes changed hands through a free (describe() adds the stacks)."""
         fa, sa = self.first_access.alloc, self.second_access.alloc
-        verb = {"r": "reads", "w": "writes", "rw": "reads and writes"}
         where = ", ".join(f"{k} {v}" for k, v in self.label.items() if k != "capture")
         text = (
             f"{where + ': ' if where else ''}{self.first.name} on stream {self.first.stream} "
-            f"{verb[self.first_access.kind]} {tensor_name(fa)} and {self.second.name} on stream "
-            f"{self.second.stream} {verb[self.second_access.kind]} {tensor_name(sa)}, the same "
+            f"{VERBS[self.first_access.kind]} {tensor_name(fa)} and {self.second.name} on stream "
+            f"{self.second.stream} {VERBS[self.second_access.kind]} {tensor_name(sa)}, the same "
             f"{self.nbytes} bytes with no order between the streams ({self.kind})"
         )
         if self.reused:
@@ -158,7 +160,7 @@ class Hazard:
             ("first ", self.first, self.first_access, fa),
             ("second", self.second, self.second_access, sa),
         ):
-            verb = {"r": "reads", "w": "writes", "rw": "reads and writes"}[acc.kind]
+            verb = VERBS[acc.kind]
             out.append(
                 f"  {tag} {op.name} (op {op.index}) on stream {op.stream} {verb} {acc.what} "
                 f"= {tensor_name(al)}"

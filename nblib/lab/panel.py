@@ -130,10 +130,6 @@ class Panel:
     def click(self):
         self.button.click()
 
-    def set(self, name, value):
-        """Set a control as a user would (its observers run)."""
-        self.controls[name].value = value
-
 
 class Ticker:
     """The progress callback the study functions take (`progress=`): each call is one unit done."""
