@@ -53,12 +53,14 @@ def page(path: Path) -> str:
 
 def sentences(res: dict) -> list[tuple[str, str]]:
     """(what, sentence) for every conclusion notebook `res` computed: its verdict, and per notebook
-    00's protocol verdict, 02's explanation and each design's reason, 03's graph, CSAN and hazard
-    sentences, 04's overlap story and each check with what it measured."""
+    00's protocol and seed-block verdicts, 02's explanation and each design's reason, 03's graph,
+    CSAN and hazard sentences, 04's overlap story and each check with what it measured."""
     out = [("verdict", res["verdict"])]
     nb = res["notebook"]
     if nb == "00_reproduce":
         out.append(("protocol verdict", res["protocol_verdict"]))
+        if res.get("blocks_verdict"):
+            out.append(("seed blocks verdict", res["blocks_verdict"]))
     elif nb == "02_graph_vs_eager":
         why = res["explanation"]
         out.append(("explanation", why["text"]))

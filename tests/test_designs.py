@@ -1,6 +1,8 @@
 """The differential's designs are what they say (where each stash lives, who allocated it, copies or
 references), every design catches a planted divergence, and the protocol's statistics are right."""
 
+import math
+
 import pytest
 import torch
 from models import DIFFERENTIAL
@@ -154,6 +156,56 @@ def test_each_buckets_steps_are_pooled_over_the_runs_with_their_rate_and_interva
     assert (row["lo"], row["hi"]) == pytest.approx(
         ((mid - half) / (1 + z * z / n), (mid + half) / (1 + z * z / n))
     )
+
+
+def _block(base, counts, n=40):
+    runs = [
+        protocol.ProtocolRun(
+            seed=base + i,
+            sessions=n,
+            corrupted_sessions=k,
+            steps=10,
+            corrupted_steps=min(k, 10),
+            rows=0,
+            corrupted_rows=0,
+            rows_per_corrupted_step=None,
+            concurrency=8,
+            buckets=[],
+        )  # fmt: skip
+        for i, k in enumerate(counts)
+    ]
+    return protocol.block(base, protocol.summarise(runs))
+
+
+def test_seed_blocks_are_compared_with_each_other_by_their_pooled_counts():
+    same = [_block(0, [8, 10, 9]), _block(100, [9, 8, 10])]
+    apart = [_block(0, [8, 10, 9]), _block(100, [30, 28, 31])]
+    # Pearson's chi-square for a 2x2 table, by hand: 27/120 against 89/120 corrupted
+    a, b, c, d = 27, 93, 89, 31
+    n = a + b + c + d
+    chi2 = n * (a * d - b * c) ** 2 / ((a + b) * (c + d) * (a + c) * (b + d))
+    assert protocol.between_blocks_p(apart) == pytest.approx(math.erfc(math.sqrt(chi2 / 2)))  # 1 dof
+    assert protocol.between_blocks_p(same) > 0.5 and protocol.between_blocks_p(same[:1]) == 1.0
+    said = protocol.blocks_verdict(apart)
+    assert "0: 27/120" in said and "100: 89/120" in said
+    assert "the blocks differ" in said and "runs 20%-25%" in said
+    assert "the blocks agree" in protocol.blocks_verdict(same)
+    rows = protocol.block_rows(apart)
+    assert [(r["base_seed"], r["corrupted_sessions"], r["sessions"]) for r in rows] == [
+        (0, 27, 120),
+        (100, 89, 120),
+    ]
+    assert rows[1]["runs"] == "30/40 28/40 31/40"
+
+
+def test_seed_blocks_that_share_seeds_are_refused_in_one_line():
+    from nblib.schema import params as P
+
+    with pytest.raises(
+        ValueError, match="seed_blocks 0 and 3 share seeds: each block runs protocol_runs"
+    ) as e:
+        P.validate({"seed_blocks": [0, 3], "protocol_runs": 5})
+    assert "\n" not in str(e.value).strip().splitlines()[0]
 
 
 def test_the_protocol_runs_every_session_together_and_counts_every_step():

@@ -63,33 +63,38 @@ def searched(small):
     return out, printed
 
 
-@pytest.fixture(scope="module")
-def scan(small):
-    """The rate at every depth of the range, by the suite's own protocol (its seeds and runs), each
-    depth built and captured as notebook 00 does: where the window lies, measured directly."""
-    prof = P.load(small)
+def direct_rate(prof, depth):
+    """The rate at one depth by the suite's own protocol (its seeds and runs), the depth built and
+    captured as notebook 00 does: measured directly, without the search's code."""
     dev = device.get("sim")
-    rates = {}
-    for depth in range(DEPTHS[0], DEPTHS[1] + 1):
-        m = build.model(dev, {**prof["model"], "trunk_layers": depth}, index_dtype="bf16", overlap="on")
-        runner = Runner(m, prof["buckets"]).capture()
-        seeds = protocol.seeds(prof["seed"], prof["protocol_runs"])
-        rates[depth] = protocol.run(runner, prof["workload"], seeds, progress=None).pooled
-    return rates
+    m = build.model(dev, {**prof["model"], "trunk_layers": depth}, index_dtype="bf16", overlap="on")
+    runner = Runner(m, prof["buckets"]).capture()
+    seeds = protocol.seeds(prof["seed"], prof["protocol_runs"])
+    return protocol.run(runner, prof["workload"], seeds, progress=None).pooled
+
+
+@pytest.fixture(scope="module")
+def scan(small, searched):
+    """The direct rate at the depth the search chose and at the range's two ends: the window lies
+    between ends on either side of the band, and the chosen depth inside it. (Each depth costs a
+    capture and the protocol's runs: the ends and the choice say what the test asserts.)"""
+    prof = P.load(small)
+    chosen = P.load(searched[0])["model"]["trunk_layers"]
+    return {d: direct_rate(prof, d) for d in sorted({DEPTHS[0], chosen, DEPTHS[1]})}
 
 
 def test_the_search_lands_inside_the_window_a_direct_scan_finds(searched, scan):
     out, printed = searched
-    inside = {d for d, p in scan.items() if BAND.lo <= p.rate <= BAND.hi}
-    assert inside, f"no intermittent depth in {DEPTHS}: {scan}"
     chosen = P.load(out)["model"]["trunk_layers"]
-    assert chosen in inside, (chosen, {d: (p.corrupted_sessions, p.sessions) for d, p in scan.items()})
-    # the search's confirm is the suite's protocol: the same count the scan measured there
-    p = scan[chosen]
+    shallow, deep, p = scan[DEPTHS[0]], scan[DEPTHS[1]], scan[chosen]
+    counts = {d: (q.corrupted_sessions, q.sessions) for d, q in scan.items()}
+    assert shallow.rate > BAND.hi and deep.rate < BAND.lo, counts  # a window lies between the ends
+    assert BAND.lo <= p.rate <= BAND.hi and DEPTHS[0] < chosen < DEPTHS[1], counts
+    # the search's confirm is the suite's protocol: the same count the direct run measured there
     line = f"depth {chosen:3d}: {window.sessions(p.corrupted_sessions, p.sessions)}, inside (confirm"
     assert line in printed
     probed = {int(line.split()[1].rstrip(":")) for line in printed.splitlines() if line.startswith("depth")}
-    assert len(probed) < len(scan), printed  # a search, not a scan
+    assert len(probed) < DEPTHS[1] - DEPTHS[0] + 1, printed  # a search, not a scan
     assert "the rate falls as the trunk deepens" in printed
 
 

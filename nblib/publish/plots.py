@@ -224,6 +224,32 @@ def protocol_runs(proto, title="the campaign's protocol"):
     return fig
 
 
+def seed_blocks(blocks, title="the protocol from each seed block"):
+    """One column per seed block (protocol.Block): a dot per run (its share of sessions corrupted),
+    the block's pooled rate with its Wilson 95% interval beside them: whether the blocks agree,
+    and whether a block's runs do, at a glance."""
+    fig, ax = plt.subplots(figsize=(1.6 * len(blocks) + 3.0, 3.4))
+    for x, b in enumerate(blocks):
+        rates = [r.corrupted_sessions / r.sessions if r.sessions else 0.0 for r in b.runs]
+        jitter = [x - 0.15 + 0.3 * i / max(1, len(rates) - 1) for i in range(len(rates))]
+        ax.scatter(jitter, rates, color="tab:red", s=18, zorder=3, label="one run" if x == 0 else None)
+        p = b.pooled
+        ax.errorbar(x + 0.3, p.rate, yerr=[[p.rate - p.lo], [p.hi - p.rate]], fmt="s", color="tab:orange",
+                    capsize=4, label="pooled, Wilson 95%" if x == 0 else None)  # fmt: skip
+        ax.text(x + 0.3, p.hi + 0.02, f"{p.corrupted_sessions}/{p.sessions}", ha="center", fontsize=8)
+    ax.set_xticks(
+        range(len(blocks)), [f"seeds {b.base_seed}-{b.base_seed + len(b.runs) - 1}" for b in blocks]
+    )
+    ax.set_xlim(-0.6, len(blocks) - 0.2)
+    ax.set_ylim(0, 1.14)  # headroom for the k/n labels
+    ax.set_yticks([0, 0.25, 0.5, 0.75, 1.0])
+    ax.set_ylabel("sessions corrupted")
+    ax.set_title(title, fontsize=10)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+    fig.tight_layout()
+    return fig
+
+
 def bucket_steps(rows, title="steps by bucket, pooled over the runs"):
     """Per bucket (protocol.bucket_rows): the share of its replayed steps that corrupted, with the
     Wilson 95% interval, and k/n beside each point: which buckets carry the race, and whether the

@@ -23,6 +23,10 @@ FIGURES = (
         "The campaign's protocol: each run's corrupted sessions and the pooled rate (notebook 00)",
     ),
     (
+        "00_seed_blocks.png",
+        "The same protocol from each seed block: each run's rate and each block's pooled rate (notebook 00)",
+    ),
+    (
         "00_bucket_steps.png",
         "Each bucket's replayed steps and how many corrupted, pooled over the protocol's runs (notebook 00)",
     ),

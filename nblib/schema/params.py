@@ -123,6 +123,9 @@ class Profile(BaseModel):
     protocol_runs: Annotated[int, Field(ge=2)] = Field(
         5, description="runs (seeds) of the campaign's protocol per configuration"
     )
+    seed_blocks: list[Annotated[int, Field(ge=0)]] = Field(
+        [], description="base seeds of the protocol's seed blocks, protocol_runs runs each ([]: seed's alone)"
+    )
     replays: Positive = Field(50, description="timed replays per instrument for the overhead")
     fix_target: float = Field(
         0.05, gt=0, lt=1, description="the fix's 95% upper bound on its rate must fall below this"
@@ -134,12 +137,33 @@ class Profile(BaseModel):
     output_dir: str = Field("../outputs/local", description="where results go (the suite sets it)")
     INTERACTIVE: bool = Field(False, description="True: ipywidgets controls for a live session")
 
+    @model_validator(mode="after")
+    def _blocks_apart(self):
+        bases = sorted(set(self.seed_blocks))
+        close = [(a, b) for a, b in zip(bases, bases[1:]) if b - a < self.protocol_runs]
+        if close:
+            a, b = close[0]
+            raise ValueError(
+                f"seed_blocks {a} and {b} share seeds: each block runs protocol_runs ({self.protocol_runs}) "
+                f"seeds from its base, so bases must be at least that far apart"
+            )
+        return self
+
 
 NOT_IN_PROFILES = ("output_dir", "INTERACTIVE")  # notebook-only: `--out` sets one, a live session the other
 _RUN = ("backend", "model", "buckets", "workload", "seed")
 _NB = ("output_dir", "INTERACTIVE")
 DECLARES = {
-    "00_reproduce": (*_RUN, "index_dtypes", "modes", "overlaps", "logits_policy", "protocol_runs", *_NB),
+    "00_reproduce": (
+        *_RUN,
+        "index_dtypes",
+        "modes",
+        "overlaps",
+        "logits_policy",
+        "protocol_runs",
+        "seed_blocks",
+        *_NB,
+    ),
     "01_canary": (*_RUN, "overlaps", "logits_policy", *_NB),
     "02_graph_vs_eager": (*_RUN, "logits_policy", "protocol_runs", "replays", "timing_ctx", *_NB),
     "03_stream_overlap": (*_RUN, "index_dtypes", "overlaps", "logits_policy", *_NB),

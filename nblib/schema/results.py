@@ -103,11 +103,14 @@ class Fingerprint(BaseModel):
 
 
 class Reproduce00(ResultsFile):
-    # protocol_checks/protocol/protocol_verdict: absent from results written before the protocol ran
-    OLDER: ClassVar[frozenset[str]] = ResultsFile.OLDER | {"protocol_checks", "protocol", "protocol_verdict"}
+    # absent from results written before the protocol ran, or before its seed blocks
+    OLDER: ClassVar[frozenset[str]] = ResultsFile.OLDER | {
+        "protocol_checks", "protocol", "protocol_verdict", "blocks_verdict"
+    }  # fmt: skip
 
     notebook: Literal["00_reproduce"]
     protocol_verdict: str | None = None  # the protocol's sentence, shown under its figure
+    blocks_verdict: str | None = None  # the seed blocks' sentence; None: seed_blocks empty
     protocol_checks: list[Row] | None = None
     protocol: P.Protocol | None = None  # None: the corrupting configuration was not run
     matrix: list[Row] | None = None

@@ -19,7 +19,7 @@ would: over-dispersion, as when a few steps corrupt many sessions at once.
 
 from collections.abc import Callable
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 from scipy.stats import chi2_contingency
 
 from nblib.core import stats
@@ -64,6 +64,17 @@ class Pooled(BaseModel):
     hi: float
 
 
+class Block(BaseModel):
+    """The protocol's runs from one base seed (a seed block): seeds base_seed, base_seed + 1, ..."""
+
+    model_config = ConfigDict(extra="forbid")
+    base_seed: int
+    runs: list[ProtocolRun]
+    pooled: Pooled
+    dispersion_p: float
+    bucket_steps: list[BucketSteps] = []
+
+
 class Protocol(BaseModel):
     """Every run, the pooled rate, and the dispersion test's p-value (1.0 when it cannot reject:
     every run clean, every run fully corrupted, or a single run); bucket_steps: each bucket's steps
@@ -75,6 +86,7 @@ class Protocol(BaseModel):
     steps: int
     corrupted_steps: int
     bucket_steps: list[BucketSteps] = []
+    blocks: list[Block] = []  # the same protocol from other base seeds (seed_blocks), this one's first
 
 
 def seeds(base, n):
@@ -188,6 +200,72 @@ def run(
                 f"{r.corrupted_steps}/{r.steps} steps"
             )
     return summarise(runs)
+
+
+def block(base_seed, p: Protocol) -> Block:
+    """p, the protocol run from seeds(base_seed, n), as a seed block."""
+    return Block(
+        base_seed=base_seed,
+        runs=p.runs,
+        pooled=p.pooled,
+        dispersion_p=p.dispersion_p,
+        bucket_steps=p.bucket_steps,
+    )
+
+
+def between_blocks_p(blocks):
+    """Pearson's chi-square test that every seed block shares one session rate (their pooled
+    counts); 1.0 where there is no spread to test."""
+    runs = [b.pooled for b in blocks]
+    table = [[r.corrupted_sessions, r.sessions - r.corrupted_sessions] for r in runs]
+    k, n = sum(r[0] for r in table), sum(sum(r) for r in table)
+    if len(blocks) < 2 or k in (0, n):
+        return 1.0
+    return float(chi2_contingency(table, correction=False).pvalue)
+
+
+def block_rows(blocks) -> list[dict]:
+    """Table rows: one per seed block, its runs, pooled rate and interval, the dispersion p."""
+    return [
+        dict(
+            base_seed=b.base_seed,
+            runs=" ".join(f"{r.corrupted_sessions}/{r.sessions}" for r in b.runs),
+            corrupted_sessions=b.pooled.corrupted_sessions,
+            sessions=b.pooled.sessions,
+            rate=b.pooled.rate,
+            lo=b.pooled.lo,
+            hi=b.pooled.hi,
+            dispersion_p=b.dispersion_p,
+        )
+        for b in blocks
+    ]
+
+
+def blocks_verdict(blocks):
+    """One sentence: each block's pooled rate and run range, whether the runs of each block agree,
+    and whether the blocks agree with each other."""
+    if len(blocks) < 2:
+        return "Seed blocks: one (the profile's seed_blocks lists fewer than two), nothing to compare."
+    each = "; ".join(
+        f"{b.base_seed}: {stats.fmt_rate(b.pooled.corrupted_sessions, b.pooled.sessions)}, runs "
+        f"{min(r.corrupted_sessions / r.sessions for r in b.runs):.0%}-"
+        f"{max(r.corrupted_sessions / r.sessions for r in b.runs):.0%}, p = {b.dispersion_p:.2g}"
+        for b in blocks
+    )
+    over = [str(b.base_seed) for b in blocks if b.dispersion_p < 0.05]
+    within = (
+        f"The runs of block(s) {', '.join(over)} spread more than a binomial gives (over-dispersed)"
+        if over
+        else "No block's runs spread more than a binomial gives"
+    )
+    p = between_blocks_p(blocks)
+    between = (
+        f"the blocks differ (chi-square p = {p:.2g}): the rate depends on the seeds drawn"
+        if p < 0.05
+        else f"the blocks agree (chi-square p = {p:.2g}): the rate does not hang on the seeds"
+    )
+    head = f"The protocol on {len(blocks)} seed blocks (base seed: pooled, runs, dispersion p)"
+    return f"{head} {each}. {within}; {between}."
 
 
 def describe(p: Protocol):

@@ -112,6 +112,27 @@ def _protocol(runner, workload, seeds, cfg, progress):
     )
 
 
+def seed_blocks(dev, model, buckets, workload, bases, runs, logits_policy, known=None, progress=print):
+    """The campaign's protocol on bf16 + graph + overlap on from each base seed of `bases`, `runs`
+    runs each (protocol.seeds(base, runs)), on one capture: [protocol.Block], in the order of
+    `bases`. known: {base: protocol.Protocol} already run from that base (the headline's), reused."""
+    known = known or {}
+    todo = [b for b in bases if b not in known]
+    got = dict(known)
+    if todo:
+        dtype, mode, overlap = protocol.RACY
+        m = build.model(dev, model, index_dtype=dtype, overlap=overlap, logits_policy=logits_policy)
+        runner = Runner(m, check_buckets(buckets), mode, references=references.shared()).capture()
+        for base in todo:
+            label = f"seed block {base}: "
+            got[base] = protocol.run(
+                runner, workload, protocol.seeds(base, runs), progress=progress, label=label
+            )
+        del runner, m
+        gc.collect()
+    return [protocol.block(b, got[b]) for b in bases]
+
+
 MATRIX_COLUMNS = [
     "index_dtype", "mode", "overlap", "bucket", "sessions", "corrupted_sessions",
     "session_lo", "session_hi", "steps", "corrupted_steps", "step_hi",
