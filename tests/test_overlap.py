@@ -90,3 +90,22 @@ def test_the_graph_verdict_names_a_disagreement_and_a_blocked_route():
     assert "DISAGREE at transient/bf16/bucket 24" in bad
     blocked = overlap.graph_verdict([_graph_row(error="cuGraphGetEdges returned 1")], zoo)
     assert "none read" in blocked and "Reading the graph failed: cuGraphGetEdges returned 1" in blocked
+
+
+def test_the_hazard_told_first_is_in_the_bucket_whose_replays_corrupted_most():
+    from types import SimpleNamespace
+
+    hz = {b: SimpleNamespace(label={"capture": 0, "bucket": b}) for b in (48, 24, 32)}
+    report = SimpleNamespace(hazards=[hz[48], hz[24], hz[32]])
+    key = ("transient", "bf16", "on")
+
+    def row(bucket, k, policy="transient"):
+        return dict(
+            logits_policy=policy, index_dtype="bf16", overlap="on", bucket=bucket, corrupted_sessions=k
+        )
+
+    rows = [row(24, 22), row(32, 4), row(48, 0), row(32, 30, policy="persistent")]
+    assert overlap.telling_hazard(report, rows, key) is hz[24]
+    assert overlap.telling_hazard(report, [row(24, 0), row(32, 4)], key) is hz[32]
+    # no replay corrupted (or none in a bucket with a hazard): the first hazard, a latent race
+    assert overlap.telling_hazard(report, [row(24, 0), row(8, 5)], key) is hz[48]

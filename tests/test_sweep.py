@@ -65,7 +65,8 @@ def test_the_cli_says_what_is_wrong_in_one_line(tmp_path, capsys):
         cli.main(["sweep", "--params", str(params), "--grid", str(grid)])
     assert isinstance(e.value.code, str) and e.value.code.splitlines() == [
         "error: grid key 'timing_replays' is not a parameter of 00_reproduce: choose among backend, "
-        "buckets, index_dtypes, logits_policy, model, modes, overlaps, protocol_runs, seed, workload"
+        "buckets, index_dtypes, logits_policy, model, modes, overlaps, protocol_runs, seed, seed_blocks, "
+        "workload"
     ]
     assert capsys.readouterr() == ("", "")
 

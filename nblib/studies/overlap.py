@@ -187,6 +187,18 @@ def toggles(
     return rows, reports
 
 
+def telling_hazard(report, rows, key):
+    """The hazard a reader meets first for the racy configuration `key` (logits policy, index dtype,
+    overlap): one in the bucket whose replays corrupted the most sessions (toggles' rows), else the
+    report's first (a race no replay showed: latent)."""
+    bad = [r for r in rows if (r["logits_policy"], r["index_dtype"], r["overlap"]) == key]
+    for r in sorted((r for r in bad if r["corrupted_sessions"]), key=lambda r: -r["corrupted_sessions"]):
+        for h in report.hazards:
+            if h.label.get("bucket") == r["bucket"]:
+                return h
+    return report.hazards[0]
+
+
 def _sites(tensor_rows):
     return "; ".join(
         f"{t['first_tensor']}: alloc {t['first_alloc']}, free {t['first_free']} | "

@@ -262,7 +262,7 @@ def blocks_verdict(blocks):
     between = (
         f"the blocks differ (chi-square p = {p:.2g}): the rate depends on the seeds drawn"
         if p < 0.05
-        else f"the blocks agree (chi-square p = {p:.2g}): the rate does not hang on the seeds"
+        else f"the blocks' pooled rates differ no more than chance makes them differ (chi-square p = {p:.2g})"
     )
     head = f"The protocol on {len(blocks)} seed blocks (base seed: pooled, runs, dispersion p)"
     return f"{head} {each}. {within}; {between}."
