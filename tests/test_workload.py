@@ -1,4 +1,5 @@
 import json
+import math
 from types import SimpleNamespace
 
 import pytest
@@ -257,6 +258,83 @@ def test_scheduler_gives_the_pages_back_after_the_last_round():
     assert not sched.tables.any()
 
 
+def _timed_rounds(step_ms, think_ms=10.0, steps=60):
+    """Two sessions, concurrency 2: A decodes 1 token a round and thinks think_ms between rounds,
+    B decodes all along (the engine is never idle). Each step takes step_ms on the engine's clock.
+    Returns the batch size of each step."""
+    w = WorkloadConfig(
+        sessions=2, rounds=1000, concurrency=2, ctx_min=64, ctx_max=64, turn_ctx=0, out_min=1, out_max=1,
+        think_ms_min=think_ms, think_ms_max=think_ms,
+    )  # fmt: skip
+    sched = Scheduler(_stub_model(num_pages=4000), 4000, w, torch.Generator())
+    a, b = sched.waiting[0], sched.waiting[1]
+    b.outs = [10**6] * w.rounds  # B never leaves the batch
+    sizes = []
+    for _ in range(steps):
+        batch = sched.next_batch()
+        sizes.append(len(batch))
+        sched.retire(batch, step_ms / 1e3)
+    assert a.round > 0 and b.round == 0
+    return sizes
+
+
+@pytest.mark.parametrize("step_ms", [3.0, 6.0])
+def test_a_timed_tool_call_comes_back_after_the_steps_its_duration_spans(step_ms):
+    """A tool call of 10 ms comes back at the first step boundary at or after its end: after
+    ceil(10 / 3) = 4 steps of 3 ms, after ceil(10 / 6) = 2 steps of 6 ms; so a session that decodes
+    one token a round is in 1 step of 5, or of 3: the slower step makes more sessions decode
+    together, by 1/3 - 1/5 of a session a step."""
+    sizes = _timed_rounds(step_ms)
+    sits_out = math.ceil(10.0 / step_ms)
+    want = [2 if i % (sits_out + 1) == 0 else 1 for i in range(len(sizes))]
+    assert sizes == want
+    assert sum(sizes) / len(sizes) == pytest.approx(1 + 1 / (sits_out + 1), abs=0.02)
+
+
+def test_when_every_session_is_out_on_a_tool_call_the_engine_idles_until_the_first_returns():
+    w = WorkloadConfig(
+        **{**W, "sessions": 2, "rounds": 2, "out_min": 2, "out_max": 2}, think_ms_min=5, think_ms_max=50
+    )
+    sched = Scheduler(_stub_model(), 64, w, torch.Generator())
+    for _ in range(2):
+        sched.retire(sched.next_batch(), 0.001)
+    assert not sched.active and len(sched.thinking) == 2 and sched.now == pytest.approx(0.002)
+    back = min(s.back_at for s in sched.thinking)
+    batch = sched.next_batch()
+    assert sched.now == back and len(batch) == 1  # the clock ran to the first return, not beyond
+    assert back == pytest.approx(0.002 + min(s.think_s[1] for s in batch + sched.thinking))
+    assert all(0.005 <= t <= 0.05 for s in batch + sched.thinking for t in s.think_s)
+
+
+def test_a_timed_workload_draws_what_the_step_counted_one_does_and_its_durations_after():
+    counted = Scheduler(_stub_model(), 64, WorkloadConfig(**W), torch.Generator())
+    timed = Scheduler(
+        _stub_model(), 64, WorkloadConfig(**W, think_ms_min=1, think_ms_max=9), torch.Generator()
+    )
+    for c, t in zip(counted.waiting, timed.waiting):
+        assert (c.first_ctx, c.outs, c.thinks) == (t.first_ctx, t.outs, t.thinks)
+    with pytest.raises(ValueError, match="need 0 <= think_ms_min <= think_ms_max"):
+        WorkloadConfig(**W, think_ms_min=5, think_ms_max=2)
+
+
+def test_on_the_simulator_each_timed_step_moves_the_clock_by_its_replays_span():
+    """The step's time is the timing model's span of its graph's replay, which the clock's events
+    read: the replay's own jittered schedule, the reference's replays left out."""
+    from models import CANARY
+
+    from nblib.engine import build
+
+    model = build.model(device.get("sim"), CANARY, index_dtype="bf16", overlap="on")
+    runner = Runner(model, [1, 2, 4]).capture()
+    w = WorkloadConfig(**{**W, "concurrency": 4}, think_ms_min=0.01, think_ms_max=0.05)
+    r = run_sessions(runner, w)
+    secs = [st["seconds"] for st in r["step_log"]]
+    assert all(x > 0 for x in secs)
+    last = r["step_log"][-1]
+    g = runner.graphs[last["bucket"]][0]
+    assert secs[-1] == pytest.approx(max(g.last_schedule.ends))
+
+
 def test_build_batch_stores_every_fourth_token_and_takes_a_page_when_full():
     w = WorkloadConfig(**{**W, "sessions": 2, "ctx_min": 64, "ctx_max": 64})
     m = _stub_model()
@@ -456,3 +534,21 @@ def test_inputs_reach_the_gpu_in_one_copy_with_their_values():
     assert len({v.untyped_storage().data_ptr() for v in on}) == 1  # one device buffer, one copy
     for x, v in zip(host, on):
         assert v.device.type == "cuda" and v.dtype == x.dtype and torch.equal(v.cpu(), x)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_cuda_each_timed_step_reads_its_replays_time_from_events():
+    """CUDA events around the replay: every step's time is positive, under a second on this tiny
+    model, and a replay of the bigger bucket takes no less than the smallest's fastest step."""
+    from models import CANARY
+
+    from nblib.engine import build
+
+    model = build.model(device.get("cuda"), CANARY, index_dtype="bf16", overlap="on")
+    runner = Runner(model, [1, 2, 4]).capture()
+    w = WorkloadConfig(**{**W, "concurrency": 4}, think_ms_min=0.05, think_ms_max=0.5)
+    r = run_sessions(runner, w)
+    secs = {b: [st["seconds"] for st in r["step_log"] if st["bucket"] == b] for b in (1, 4)}
+    assert all(0 < x < 1 for xs in secs.values() for x in xs) and secs[4]
+    assert min(secs[4]) >= 0.5 * min(secs[1] or secs[4])

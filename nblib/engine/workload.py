@@ -1,7 +1,11 @@
 """Agentic sessions under continuous batching, every decode step checked against eager.
 
 N sessions x R rounds. A round prefills new context (tool output, user turn), then decodes
-`out` tokens; between rounds a session leaves the batch for a few steps (the tool call). At
+`out` tokens; between rounds a session leaves the batch for its tool call: a number of steps, or,
+with think_ms_max > 0, a duration on the engine's clock, which each step advances by the time the
+step took on the device (CUDA events around the replay and the instruments; on the simulator its
+timing model's span of the replay). A slower step (an instrument's work) then brings the tool
+calls back after fewer steps, and more sessions decode together, as in the campaign's agents. At
 most `concurrency` sessions decode together; each step's batch is padded to its bucket. Every
 step is recomputed by the eager single-stream reference on the same inputs: a step diverges
 when any row's top-k set or output differs, and a session is corrupted when any of its steps did.
@@ -37,12 +41,24 @@ class WorkloadConfig:
     out_max: int = 128
     think_min: int = 1  # steps a session sits out between rounds
     think_max: int = 8
+    think_ms_min: float = 0.0  # with think_ms_max > 0: a tool call lasts this long (ms) on the engine's clock
+    think_ms_max: float = 0.0  # 0: tool calls last think_min..think_max steps
     out_tol: float = 1e-2  # output divergence threshold, relative to the reference's max |x|
     seed: int = 0
 
     def __post_init__(self):
         if self.ctx_dist not in CTX_DISTS:
             raise ValueError(f"unknown ctx_dist {self.ctx_dist!r}: choose one of {', '.join(CTX_DISTS)}")
+        if not 0 <= self.think_ms_min <= self.think_ms_max:
+            raise ValueError(
+                f"think_ms_min {self.think_ms_min} and think_ms_max {self.think_ms_max}: "
+                "need 0 <= think_ms_min <= think_ms_max (think_ms_max 0: tool calls counted in steps)"
+            )
+
+    @property
+    def timed(self):
+        """Tool calls last a duration on the engine's clock, not a number of steps."""
+        return self.think_ms_max > 0
 
 
 class Session:
@@ -112,7 +128,10 @@ class Scheduler:
 
     next_batch() brings back the tool calls that came back, admits waiting sessions up to
     `concurrency` (prefilling each round's new context), and returns the batch (empty while every
-    unfinished session is thinking); retire(batch) moves the sessions whose round ended out of it."""
+    unfinished session is thinking); retire(batch, seconds) moves the sessions whose round ended out
+    of it. now: the engine's clock (seconds), which retire advances by each step's time; a timed
+    tool call comes back at the first step boundary at or after its end, and when every unfinished
+    session is out on one, the engine idles until the first comes back."""
 
     def __init__(self, model, max_pages, w: WorkloadConfig, gen):
         self.model, self.w, self.gen = model, w, gen
@@ -120,17 +139,21 @@ class Scheduler:
         self.tables = torch.zeros(w.sessions, max_pages, dtype=torch.int32)  # host page tables
         rng = torch.Generator().manual_seed(w.seed)
         self.waiting = deque(Session(i, rng, w) for i in range(w.sessions))
+        if w.timed:  # drawn after every other draw, so those are the step-counted workload's
+            for x in self.waiting:
+                u = torch.rand(w.rounds, generator=rng, dtype=torch.float64)
+                x.think_s = ((w.think_ms_min + u * (w.think_ms_max - w.think_ms_min)) / 1e3).tolist()
         self.active, self.thinking = [], []
+        self.now = 0.0
 
     def busy(self):
         return bool(self.waiting or self.active or self.thinking)
 
     def next_batch(self):
-        for s in list(self.thinking):  # tool calls that came back
-            s.wait -= 1
-            if s.wait <= 0:
-                self.thinking.remove(s)
-                self.waiting.appendleft(s)
+        self._calls_back()
+        if self.w.timed and self.thinking and not (self.active or self.waiting):
+            self.now = min(s.back_at for s in self.thinking)  # idle until the first call returns
+            self._calls_back()
         while self.waiting and len(self.active) < self.w.concurrency:
             s = self.waiting.popleft()
             s.left = s.outs[s.round]
@@ -139,12 +162,26 @@ class Scheduler:
             self.active.append(s)
         return self.active[: self.w.concurrency]
 
+    def _calls_back(self):
+        """Tool calls that came back rejoin the queue, ahead of sessions not yet started."""
+        for s in list(self.thinking):
+            if self.w.timed:
+                back = s.back_at <= self.now
+            else:
+                s.wait -= 1
+                back = s.wait <= 0
+            if back:
+                self.thinking.remove(s)
+                self.waiting.appendleft(s)
+
     def live_pages(self):
         return _live_pages(self.waiting, self.active, self.thinking)
 
-    def retire(self, batch):
-        """One token decoded for each session of `batch`: a session whose round ended thinks (a
-        tool call) or, after its last round, gives its pages back."""
+    def retire(self, batch, seconds=0.0):
+        """One token decoded for each session of `batch`, in a step that took `seconds` on the
+        engine's clock: a session whose round ended thinks (a tool call) or, after its last round,
+        gives its pages back."""
+        self.now += seconds
         for s in batch:
             s.left -= 1
             if s.left == 0:
@@ -156,6 +193,7 @@ class Scheduler:
                     s.pages = []
                 else:
                     s.wait = s.thinks[s.round]
+                    s.back_at = self.now + (s.think_s[s.round] if self.w.timed else 0.0)
                     self.thinking.append(s)
 
 
@@ -192,6 +230,39 @@ def build_batch(model, pool, tables, batch):
     return Batch(sids, lens, host)
 
 
+class StepClock:
+    """The device time of one engine step: events recorded around the replay and its instruments,
+    read when the step ends. On CUDA the host then waits for the step, as an engine that samples
+    every step does; on the simulator an event reads its clock, the timing model's span of the
+    replays in between (eager work adds nothing there)."""
+
+    def __init__(self, dev):
+        self.dev, self.seconds = dev, 0.0
+
+    def __enter__(self):
+        self.start = self.dev.Event(enable_timing=True)
+        self.start.record()
+        return self
+
+    def __exit__(self, *exc):
+        end = self.dev.Event(enable_timing=True)
+        end.record()
+        end.synchronize()
+        self.seconds = self.start.elapsed_time(end) / 1e3
+
+
+class NoClock:
+    """A step-counted workload's clock: reads nothing, costs nothing."""
+
+    seconds = 0.0
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        pass
+
+
 class Replayed(NamedTuple):
     """One step's replay and its eager reference."""
 
@@ -202,14 +273,17 @@ class Replayed(NamedTuple):
     ref_topk: torch.Tensor
 
 
-def replay_step(runner, w, index, args, host, instruments=(), live_pages=set):
+def replay_step(runner, w, index, args, host, instruments=(), live_pages=set, clock=None):
     """Replay one step (runner.run) and compute its eager reference. With instruments, each one's
     before(step) and after(step) wrap the replay, and the replay comes first (so an instrument sees
     the replay's own cache writes); without, the reference comes first. live_pages: a callable,
-    called only when there are instruments (the step dict's live_pages)."""
+    called only when there are instruments (the step dict's live_pages). clock: times the replay
+    and the instruments (StepClock), never the reference, which is the checker's work, not the
+    engine's."""
+    clock = clock or NoClock()
     if not instruments:
         ref_out, ref_topk = _reference(runner, w, index, args, host)
-        with phases.phase("replays"):
+        with phases.phase("replays"), clock:
             out, topk, bucket = runner.run(*args)
         return Replayed(out, topk, bucket, ref_out, ref_topk)
     step = dict(
@@ -222,14 +296,15 @@ def replay_step(runner, w, index, args, host, instruments=(), live_pages=set):
         store_slots=args[3],
         live_pages=live_pages(),
     )
-    with phases.phase("instruments"):
-        for ins in instruments:
-            ins.before(step)
-    with phases.phase("replays"):
-        out, topk, bucket = runner.run(*args)
-    with phases.phase("instruments"):
-        for ins in instruments:
-            ins.after(step)
+    with clock:
+        with phases.phase("instruments"):
+            for ins in instruments:
+                ins.before(step)
+        with phases.phase("replays"):
+            out, topk, bucket = runner.run(*args)
+        with phases.phase("instruments"):
+            for ins in instruments:
+                ins.after(step)
     ref_out, ref_topk = _reference(runner, w, index, args, host)
     return Replayed(out, topk, bucket, ref_out, ref_topk)
 
@@ -279,21 +354,23 @@ def run_sessions(runner, w: WorkloadConfig, instruments=()):
     gen = torch.Generator(device=d).manual_seed(w.seed + 1)
     sched = Scheduler(model, runner.max_pages, w, gen)
     pending, steps = [], []  # GPU verdicts are read once, at the end
+    clock = StepClock(dev) if w.timed else NoClock()
     while sched.busy():
         batch = sched.next_batch()
         if not batch:
             continue
         b = build_batch(model, sched.pool, sched.tables, batch)
         args = inputs_to_device(b.host, d)
-        r = replay_step(runner, w, len(steps), args, b.host, instruments, sched.live_pages)
+        r = replay_step(runner, w, len(steps), args, b.host, instruments, sched.live_pages, clock)
         pending.append(bad_rows(r, w.out_tol))
         # the step's contexts: the indexer's work, so the side branch's length (the race's window)
-        steps.append(
-            dict(
-                bs=len(batch), bucket=r.bucket, sessions=b.sessions, ctx_sum=sum(b.lens), ctx_max=max(b.lens)
-            )
+        st = dict(
+            bs=len(batch), bucket=r.bucket, sessions=b.sessions, ctx_sum=sum(b.lens), ctx_max=max(b.lens)
         )
-        sched.retire(batch)
+        if w.timed:
+            st["seconds"] = clock.seconds  # the step's device time, which moved the engine's clock
+        steps.append(st)
+        sched.retire(batch, clock.seconds)
     with phases.phase("replays"):  # the queued replays and references drain here
         dev.synchronize()
     if getattr(runner, "references", None) is not None:

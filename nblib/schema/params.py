@@ -52,7 +52,7 @@ class Shapes(_Shapes):
 class Workload(_Workload):
     @model_validator(mode="after")
     def _ranges(self):
-        for lo in ("ctx_min", "out_min", "think_min"):
+        for lo in ("ctx_min", "out_min", "think_min", "think_ms_min"):
             hi = lo.replace("_min", "_max")
             if getattr(self, lo) > getattr(self, hi):
                 raise ValueError(f"{lo} {getattr(self, lo)} is above {hi} {getattr(self, hi)}")

@@ -40,6 +40,9 @@ class SimDevice:
         self._cur = self.default_stream
         self._cap = None
         self._cap_stream = None
+        # simulated seconds of GPU work so far: each graph replay adds its span (an event reads it,
+        # so Event.elapsed_time is simulated time); eager ops run on the host and add nothing
+        self.clock = 0.0
         self.manual_seed(seed)
 
     # streams and events

@@ -18,7 +18,8 @@ from nblib.core import collector
 class SimGraph:
     """torch.cuda.CUDAGraph's surface: capture_begin/capture_end (or dev.graph), replay, reset, pool.
     After capture: nodes (Node list), syncs (Sync list), pool_id; after each replay,
-    last_schedule (a timing.Schedule: starts, ends in simulated seconds)."""
+    last_schedule (a timing.Schedule: starts, ends in simulated seconds). Each replay advances the
+    device's clock (dev.clock) by its span."""
 
     def __init__(self, dev):
         self.dev = dev
@@ -119,6 +120,7 @@ class SimGraph:
         if self._serial:  # one stream: the timing model cannot reorder anything
             for f in self._run:
                 f()
+            self.dev.clock += self._serial_seconds()
             return
         tm = self.dev.timing
         dur = tm.seconds(self._nbytes)
@@ -132,6 +134,15 @@ class SimGraph:
         for i in sorted(range(n), key=lambda k: (sched.ends[k], k)):
             self._run[i]()
         self.last_schedule = sched
+        self.dev.clock += max(sched.ends)
+
+    def _serial_seconds(self):
+        """One stream's replay under the timing model, without jitter: its nodes' durations summed."""
+        tm = self.dev.timing
+        dur = tm.seconds(self._nbytes)
+        for i, cost in self._costs:
+            dur[i] = cost(tm)
+        return float(dur.sum())
 
 
 class GraphCtx:

@@ -75,6 +75,7 @@ class SimEvent:
         self.dev = dev
         self._cap, self._deps = None, ()  # the capture of its latest record (None: eager)
         self._recorded = False  # never recorded: waiting on it waits for nothing, as on CUDA
+        self.at = None  # the device's clock at its latest record outside a capture (simulated seconds)
 
     def record(self, stream=None):
         stream = stream or self.dev.current_stream()
@@ -85,6 +86,14 @@ class SimEvent:
             cap.syncs.append(Sync("record", stream, self, len(cap.nodes)))
         else:
             self._cap, self._deps = None, ()
+            self.at = self.dev.clock
+
+    def elapsed_time(self, end):
+        """Milliseconds of simulated GPU time between this event's record and end's (graph replays
+        only: the simulator times nothing else), as torch.cuda.Event.elapsed_time."""
+        if self.at is None or end.at is None:
+            raise RuntimeError("elapsed_time of an event not recorded outside a capture")
+        return (end.at - self.at) * 1e3
 
     def wait(self, stream=None):
         (stream or self.dev.current_stream()).wait_event(self)
