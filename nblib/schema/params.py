@@ -124,7 +124,7 @@ class Profile(BaseModel):
         5, description="runs (seeds) of the campaign's protocol per configuration"
     )
     seed_blocks: list[Annotated[int, Field(ge=0)]] = Field(
-        [], description="base seeds of the protocol's seed blocks, protocol_runs runs each ([]: seed's alone)"
+        [], description="base seeds of the protocol's seed blocks, protocol_runs runs each"
     )
     replays: Positive = Field(50, description="timed replays per instrument for the overhead")
     fix_target: float = Field(
