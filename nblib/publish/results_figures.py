@@ -102,8 +102,22 @@ def _protocol(r):
         )
         for c in r.get("protocol_checks", [])
     ]
+    blocks = [
+        dict(
+            seeds=f"{b['base_seed']}-{b['base_seed'] + len(b['runs']) - 1}",
+            runs=" ".join(str(x["corrupted_sessions"]) for x in b["runs"]),
+            sessions=_frac(b["pooled"]["corrupted_sessions"], b["pooled"]["sessions"]),
+            wilson_95=f"{_pct(b['pooled']['lo'])} to {_pct(b['pooled']['hi'])}",
+            dispersion_p=_num(b["dispersion_p"]),
+            by_bucket=", ".join(
+                f"{x['bucket']}: {x['corrupted_steps']}/{x['steps']}" for x in b.get("bucket_steps", [])
+            ),
+        )
+        for b in r.get("protocol", {}).get("blocks", [])
+    ]
     return [
         _block("The protocol's runs (bf16 + graph + overlap on), one row a seed", rows),
+        _block("The same protocol from each seed block (steps corrupted by bucket)", blocks),
         _block("The protocol on every configuration it checks", checks),
     ]
 
