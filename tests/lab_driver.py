@@ -134,15 +134,26 @@ class Notebook:
         self.page.keyboard.type("\nINTERACTIVE = True")
         self.page.keyboard.press("Escape")
 
-    def run_all(self, timeout_s=900):
-        """Run > Run All Cells, then wait for the last cell's status line or a traceback."""
+    def run_all(self, timeout_s=420):
+        """Run > Run All Cells, then wait for the last cell's status line or a traceback. On a
+        timeout, what the page shows of the kernel and the cells run says where it stopped."""
+        from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
         self.page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
         self.page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
-        self.page.wait_for_function(
-            """() => [...document.querySelectorAll('.jp-OutputArea-output')].some(e =>
-                 /status: ok|Traceback \\(most recent call last\\)/.test(e.innerText))""",
-            timeout=timeout_s * 1000,
-        )
+        try:
+            self.page.wait_for_function(
+                """() => [...document.querySelectorAll('.jp-OutputArea-output')].some(e =>
+                     /status: ok|Traceback \\(most recent call last\\)/.test(e.innerText))""",
+                timeout=timeout_s * 1000,
+            )
+        except PlaywrightTimeout:
+            status = self.page.locator(".jp-Notebook-ExecutionIndicator").first.get_attribute("data-status")
+            prompts = self.page.locator(".jp-InputArea-prompt").all_inner_texts()
+            raise AssertionError(
+                f"{self.name}: no status line nor traceback after {timeout_s} s; kernel {status}, "
+                f"prompts {[p.strip() for p in prompts]}"
+            ) from None
         self.page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=60_000)
 
     def errors(self):
