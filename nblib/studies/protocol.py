@@ -130,15 +130,20 @@ def _one(runner, workload, seed, instruments):
     )
 
 
-def dispersion_p(runs):
-    """Pearson's chi-square test that every run shares one corruption rate (the binomial dispersion
-    test); 1.0 where there is no spread to test."""
-    table = [[r.corrupted_sessions, r.sessions - r.corrupted_sessions] for r in runs]
+def homogeneity_p(counts):
+    """Pearson's chi-square test that every (corrupted, total) pair of `counts` shares one rate
+    (scipy.stats.chi2_contingency, no continuity correction); 1.0 where there is no spread to test."""
+    table = [[k, n - k] for k, n in counts]
     k = sum(row[0] for row in table)
     n = sum(sum(row) for row in table)
-    if len(runs) < 2 or k in (0, n):
+    if len(table) < 2 or k in (0, n):
         return 1.0
     return float(chi2_contingency(table, correction=False).pvalue)
+
+
+def dispersion_p(runs):
+    """The binomial dispersion test over the runs: homogeneity_p of their corrupted sessions."""
+    return homogeneity_p([(r.corrupted_sessions, r.sessions) for r in runs])
 
 
 def pool(runs):
@@ -214,14 +219,8 @@ def block(base_seed, p: Protocol) -> Block:
 
 
 def between_blocks_p(blocks):
-    """Pearson's chi-square test that every seed block shares one session rate (their pooled
-    counts); 1.0 where there is no spread to test."""
-    runs = [b.pooled for b in blocks]
-    table = [[r.corrupted_sessions, r.sessions - r.corrupted_sessions] for r in runs]
-    k, n = sum(r[0] for r in table), sum(sum(r) for r in table)
-    if len(blocks) < 2 or k in (0, n):
-        return 1.0
-    return float(chi2_contingency(table, correction=False).pvalue)
+    """Whether the seed blocks share one session rate: homogeneity_p of their pooled counts."""
+    return homogeneity_p([(b.pooled.corrupted_sessions, b.pooled.sessions) for b in blocks])
 
 
 def block_rows(blocks) -> list[dict]:
