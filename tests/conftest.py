@@ -4,6 +4,7 @@ import pytest
 import torch
 from models import EAGER
 
+import nblib.backends.sim  # noqa: F401  (every test sees the simulator's bf16 GEMMs: sim/gemm.py)
 from nblib.core.paths import ROOT
 from nblib.engine import build
 

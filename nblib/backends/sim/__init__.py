@@ -20,6 +20,7 @@ Modules, bottom to top:
              the last tensor sharing its storage dies (CPython refcounting)
   ops        what each op does to memory, from its schema (shared with the CUDA trace recorder)
   fastops    host shortcuts a replayed node runs in place of its op: the same bytes, sooner
+  gemm       bf16 mm/bmm as a GPU computes them (fp32 sums, one rounding), installed on import
   rules      what a capture forbids: SimCaptureError where CUDA fails the capture
   streams    streams and events: bookkeeping; while capturing they carry dependency frontiers
   capture    a TorchDispatchMode: view ops run at once (no memory), every other op is recorded as
@@ -46,10 +47,13 @@ from nblib.backends.sim.allocator import (
 from nblib.backends.sim.arena import Arena
 from nblib.backends.sim.capture import Node, NodeAccess, python_stack
 from nblib.backends.sim.facade import SimDevice
+from nblib.backends.sim.gemm import install as _install_gemm
 from nblib.backends.sim.graph import SimGraph
 from nblib.backends.sim.rules import SimCaptureError
 from nblib.backends.sim.streams import SimEvent, SimStream, Sync
 from nblib.backends.sim.timing import Schedule, Timing
+
+_install_gemm()  # eager steps, replays and CPU references share one bf16 GEMM (gemm.py)
 
 __all__ = [
     "MB",
