@@ -30,6 +30,11 @@ def peak_held(entries):
     return peak
 
 
+def held_peak(dev, spec):
+    """The capture's peak of bytes held, for TARGET `spec` on `dev` (a case's check)."""
+    return held_bytes(dev, spec)[1]
+
+
 def held_bytes(dev, spec):
     """(the audit's TargetReport, the capture's peak of bytes held) for TARGET `spec` on `dev`."""
     target = audit_target.load(spec)
