@@ -12,7 +12,7 @@ their inputs: megatron/core/models/gpt/fine_grained_callables.py, should_free_in
 mlp, moe_combine). Buggy: 9985e041a471c42a39aa6144da21f079694c1b65 (main, the pull request's base).
 Fixed: the pull request's branch, c8be65180e1af58cd1835abd1a4ab34c05f3bc88 ("fix: CG memory 1f1b using
 DeferredReleaseRegistry now") and 643d4a973854dfa9507459b3e770ed1e2d55f48d, never merged.
-PyTorch's side: pytorch/pytorch issue #175560, fixed by pull request #175817 ("[CUDA] Free deferred
+PyTorch's side: pytorch/pytorch #175560, fixed by pull request #175817 ("[CUDA] Free deferred
 record_stream blocks at graph capture end", upstream commit b55e5314fb72f1ea782f72a6c9728a40c12678ea,
 cherry-picked as ROCm/pytorch #3241): before it, the deferred blocks were not even returned at capture
 end (earlier reports: #155398, #155658).

@@ -10,8 +10,8 @@ DeepGemmCandidateIndexer.publish_decode and select_decode. Buggy: the revision t
 `publish_decode` records `logits` (made on main, read on the side stream) on `alt_stream` but not the
 tensors it allocates inside `with torch.cuda.stream(self.alt_stream)` (`blocks`, `schedule`,
 `phys_blocks`, `row_valid_lens`), which `select_decode` reads on the main stream. The review quotes that
-code; the revision itself was a commit on the pull request's branch before it merged, and no commit id
-for it could be read here. Fixed: every stored version of the file, e.g. at commit
+code; the revision itself was a commit on the pull request's branch before it merged, its id not
+recorded. Fixed: every stored version of the file, e.g. at commit
 097df40dc4346e7332083e06d7530f35bcf10513, loops `t.record_stream(main_stream)` over those four tensors
 ("select_decode reads these on the main stream"): the fix landed in the pull request before it merged.
 

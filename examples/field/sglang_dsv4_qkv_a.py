@@ -8,9 +8,9 @@ lifetime" (merged). Engine: python/sglang/srt/models/deepseek_v4.py, MQALayer._f
 (the CUDA path; the PR changes the NPU multi-stream path the same way, the HIP path keeps Q/KV on the
 current stream and is unchanged). Buggy: deepseek_v4.py at commit 000328a8cd54dd3aac97cd9977c39b5408034b26,
 the version examples/audit/dsv4_attention.py transcribes (`del qkv_a` before the three joins; the same
-order at f8101ac7db91793fa174f5a5c710b58445f040aa). Fixed: the merge commit of #36547, which could not be
-read here (no snapshot of sgl-project/sglang fits the store's size limit, and the stored versions of
-the file all predate the merge); the fixed ordering below is the one the pull request describes.
+order at f8101ac7db91793fa174f5a5c710b58445f040aa). Fixed: the merge of #36547, its id not recorded
+(sgl-project/sglang's history was not read, and the stored versions of the file all predate the merge:
+examples/field/README.md); the fixed ordering below is the one the pull request describes.
 
 The ordering. With SGLANG_OPT_FUSE_WQA_WKV on, `qkv_a = wqkv_a(x)` is allocated on the current
 (capturing) stream and `qkv_a_ready` is recorded there; the KV stream waits on that event and reads the

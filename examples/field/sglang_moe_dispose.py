@@ -9,7 +9,8 @@ DeepseekV2MoE.forward_normal_dual_stream (capture mode, num_fused_shared_experts
 NVFP4); python/sglang/srt/layers/moe/moe_runner/deep_gemm.py, pre_permute_standard_to_deep_gemm, which
 calls python/sglang/srt/utils/common.py dispose_tensor(hidden_states): `x.set_(torch.empty((0,)))`. The
 commits below were read in a snapshot of HYGON-AI/sglang-das, a fork that merges sgl-project/sglang's
-main (sgl-project/sglang itself is over the store's size limit); they are the upstream squash merges.
+main (sgl-project/sglang's own history was not read), as the fork carries them: committed
+by GitHub, titled with the upstream pull request numbers.
 - #29142, "Run routed experts on main stream in dual-stream MoE", 999199f9ff4bae422b97f20ca9c0e6a9c14f6cfc
   (reverted by #29452, 7b02eab7a6885cc9fec99a894f190d8702e6e533): routed experts on main first, then the
   shared expert on the side stream reading `hidden_states` after the routed deep_gemm pre-permute has

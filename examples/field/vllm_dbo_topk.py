@@ -8,8 +8,8 @@ state across microbatches" (open; related: #56400, and #56440, which repairs inp
 histories and leaves the sparse-index storage unfixed). Engine: the DeepSeek-V4.1 sparse indexer's
 persistent top-k indices and candidate blocks, kept across decoder layers (a source layer writes them,
 later consumer layers read them), under DBO (vllm/v1/worker/ubatching.py: make_ubatch_contexts gives
-both micro-batches the same compute stream and the same communication stream). Commits: not verified
-here: the pull request is open and no snapshot of vllm-project/vllm fits the store's size limit; the
+both micro-batches the same compute stream and the same communication stream). Commits: not
+recorded: the pull request is open and vllm-project/vllm's history was not read (README.md); the
 ordering below is the one the pull request describes ("a source layer in microbatch 1 can overwrite
 state before a later consumer layer in microbatch 0 reads it"; the fix allocates the storage per
 micro-batch and selects the active micro-batch's view).

@@ -8,8 +8,8 @@ breakable graphs" (merged; related: #52448, and #49486, which added the shortcut
 moved DeepseekV4Indexer.forward into the captured region). Engine: vllm/models/deepseek_v4/attention.py,
 DeepseekV4Indexer.forward. Buggy: main at 8efa13b700 (the pull request reports the failure still
 reproduces there). Fixed: 292187dd8ca1b1bfa195f25b2886262527269999, the commit of #52492 that
-local-inference-lab/vllm #429 backports "exactly". Both ids come from those two pull requests' text; no
-snapshot of vllm-project/vllm fits the store's size limit, so neither was read here.
+local-inference-lab/vllm #429 backports "exactly". Both ids come from those two pull requests' text;
+vllm-project/vllm's history was not read (examples/field/README.md).
 
 The ordering. The indexer decides on the host, from the batch's attention metadata, whether the
 compressed context fits in the top-k set; if it does it skips the learned scoring and selects every
