@@ -13,12 +13,20 @@ made inside it. Instructions:
     ("view", v, src, start, n, k) v = src[start : start + (n - 1) * k + 1 : k] (no kernel)
     ("free", v)                   del v: the block is freed when no name holds its storage
     ("fill", s, v)                v.fill_(1) on s                         writes v
+    ("add_self", s, v)            v.add_(v) on s, one tensor object        writes v
     ("add_", s, d, x)             d[:m].add_(x[:m]) on s, m = min(len)    writes d, reads x
     ("copy_", s, d, x)            d[:m].copy_(x[:m]) on s                 writes d, reads x
     ("zeros", v, s, n)            v = torch.zeros(n) on s                 allocates v, writes it
     ("add_out", s, c, a, b)       torch.add(a[:m], b[:m], out=c[:m])      reads a, b; writes c
     ("add", v, s, a, b)           v = a[:m] + b[:m] on s                  reads a, b; allocates v
     ("neg", v, s, a)              v = -a on s                             reads a; allocates v
+    ("frexp", v, s, a)            v = torch.frexp(a)[0] on s: reads a, allocates and writes v and
+                                  the exponents (int32), which die as the op returns
+    ("empty_strided", v, s, n, k) v = torch.empty_strided((n,), (k,)): an allocation with gaps
+    ("view2d", v, src, start, rows, row_len, c0, cols, t)
+                                  v = src[start : start + rows * row_len].view(rows, row_len)
+                                  [:, c0 : c0 + cols], transposed if t; a 2-D name is only
+                                  filled, negated, frexp'ed, freed or record_stream'ed
     ("wait_stream", s, o)         stream s waits for all work queued on o so far
     ("record", e, s, form)        event e recorded on s: e.record(s) (form 0), s.record_event(e)
                                   (1), or e replaced by a new event s.record_event() (2)
@@ -72,19 +80,31 @@ class Program:
 
 @dataclass(frozen=True)
 class Ref:
-    """What a name refers to: `root` (an allocation ordinal, or a persistent name), and the
-    elements it covers: start, start + step, ... (n of them), in elements of the root."""
+    """What a name refers to: `root` (an allocation ordinal, or a persistent name) and the elements
+    of the root it covers: start + r * row_step + i * step, for r < rows and i < n. A 1-D tensor
+    has one row; a 2-D view has more (its order, transposed or not, does not change the set)."""
 
     root: object
     start: int
     n: int
     step: int
+    rows: int = 1
+    row_step: int = 0
 
     def prefix(self, m):
         return Ref(self.root, self.start, m, self.step)
 
     def view(self, start, n, step):
         return Ref(self.root, self.start + start * self.step, n, self.step * step)
+
+    def view2d(self, start, rows, row_len, c0, cols):
+        """src[start : start + rows * row_len].view(rows, row_len)[:, c0 : c0 + cols]"""
+        first = self.start + (start + c0) * self.step
+        return Ref(self.root, first, cols, self.step, rows, row_len * self.step)
+
+    @property
+    def numel(self):
+        return self.rows * self.n
 
 
 @dataclass(frozen=True)
@@ -174,6 +194,9 @@ def run(program):
         elif kind == "fill":
             _, s, v = ins
             op(s, Access(names[v], True))
+        elif kind == "add_self":
+            _, s, v = ins
+            op(s, Access(names[v], True))  # v.add_(v): one tensor, read and written: a write
         elif kind in ("add_", "copy_"):
             _, s, d, x = ins
             m = min(names[d].n, names[x].n)
@@ -195,8 +218,22 @@ def run(program):
         elif kind == "neg":
             _, v, s, a = ins
             ra = names[a]
-            allocate(v, s, ra.n)
+            allocate(v, s, ra.numel)
             op(s, Access(ra, False), Access(names[v], True))
+        elif kind == "frexp":
+            _, v, s, a = ins
+            ra = names[a]
+            allocate(v, s, ra.numel)
+            allocate("exponent", s, ra.numel)  # int32, as wide as float32
+            op(s, Access(ra, False), Access(names[v], True), Access(names["exponent"], True))
+            drop("exponent")
+        elif kind == "empty_strided":
+            _, v, s, n, step = ins
+            allocate(v, s, (n - 1) * step + 1)
+            names[v] = Ref(names[v].root, 0, n, step)
+        elif kind == "view2d":
+            _, v, src, start, rows, row_len, c0, cols, _transposed = ins
+            bind(v, names[src].view2d(start, rows, row_len, c0, cols))
         elif kind == "wait_stream":
             _, s, o = ins
             frontier[s] = frontier.get(s, 0) | frontier[o]
@@ -255,17 +292,22 @@ def progressions_meet(p, u, n, q, v, m):
 
 
 def share_a_byte(a, b, base):
-    """Whether two element sets (Refs) share a byte; `base(root)` gives a root's first byte and
-    the memory it lives in. All elements are ITEM bytes at ITEM-aligned addresses, so two elements
-    share a byte exactly when they start at the same address."""
+    """Whether two element sets (Refs) share a byte; `base(root)` gives the memory a root lives in
+    and its first byte there. All elements are ITEM bytes at ITEM-aligned addresses, so two
+    elements share a byte exactly when they start at the same address: row by row, two
+    arithmetic progressions of addresses (in elements) meet."""
     ma, pa = base(a.root)
     mb, pb = base(b.root)
     if ma != mb:
         return False
-    pa, pb = pa + a.start * ITEM, pb + b.start * ITEM
     if pa % ITEM or pb % ITEM:
         raise ValueError("elements not aligned to their size")
-    return progressions_meet(pa // ITEM, a.step, a.n, pb // ITEM, b.step, b.n)
+    pa, pb = pa // ITEM + a.start, pb // ITEM + b.start
+    return any(
+        progressions_meet(pa + r * a.row_step, a.step, a.n, pb + q * b.row_step, b.step, b.n)
+        for r in range(a.rows)
+        for q in range(b.rows)
+    )
 
 
 # ------------------------------------------------------------------------------------------------

@@ -9,8 +9,9 @@ and its hazards from the addresses the recording gives each allocation; the audi
 equal the model's. Separately, the model's caching allocator must hand out the addresses the
 recording shows.
 
-Profiles: "audit-oracle" (the CI count, reproducible), "audit-oracle-gpu"; NBLIB_ORACLE_EXAMPLES
-overrides the count, and NBLIB_ORACLE_SEED draws a new set instead of CI's (to explore).
+Profiles (reproducible: the same programs every run): "audit-oracle" (2000 programs, the hazard
+property), "audit-oracle-allocator" (1000), "audit-oracle-gpu" (300 each on CUDA).
+NBLIB_ORACLE_EXAMPLES overrides the counts, and NBLIB_ORACLE_SEED draws another set (to explore).
 """
 
 import functools
@@ -24,7 +25,7 @@ hypothesis = pytest.importorskip("hypothesis")
 st = pytest.importorskip("hypothesis.strategies")
 
 import audit_oracle_model as M  # noqa: E402
-from hypothesis import HealthCheck, given, seed, settings  # noqa: E402
+from hypothesis import HealthCheck, Phase, given, seed, settings  # noqa: E402
 
 from nblib.backends.sim import SimDevice  # noqa: E402
 from nblib.instruments import audit_target  # noqa: E402
@@ -39,6 +40,7 @@ _COMMON = dict(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 settings.register_profile("audit-oracle", max_examples=int(_COUNT or 2000), **_COMMON)
+settings.register_profile("audit-oracle-allocator", max_examples=int(_COUNT or 1000), **_COMMON)
 settings.register_profile("audit-oracle-gpu", max_examples=int(_COUNT or 300), **_COMMON)
 
 
@@ -72,6 +74,11 @@ OPCODES = (
     "handoff",
     "zeros",
     "add_out",
+    "frexp",
+    "add_self",
+    "interleave",
+    "empty_strided",
+    "view2d",
     "empty",
     "free",
     "wait_stream",
@@ -85,7 +92,7 @@ SIZE = st.one_of(st.sampled_from(SIZES), st.integers(1, 70000), st.sampled_from(
 
 @functools.lru_cache(maxsize=4096)
 def _upto(hi):
-    """st.integers(lo, hi), made once: building a strategy costs more than drawing from it."""
+    """st.integers(0, hi), made once: building a strategy costs more than drawing from it."""
     return st.integers(0, hi)
 
 
@@ -112,11 +119,13 @@ def programs(draw, max_len=24):
     sizes = []
     length = {}  # allocation -> its element count
 
+    flat = set(M.PERSISTENT)  # 1-D names: the ones sliced, viewed and combined
+
     def stream():
         return pick(sorted(joined))
 
-    def name():
-        return pick(sorted(refs))
+    def name(flat_only=True):
+        return pick(sorted(flat if flat_only else refs))
 
     def overlap(a, b):
         """Whether two element sets share an element: torch refuses an op that writes one and
@@ -128,13 +137,21 @@ def programs(draw, max_len=24):
         length[root] = n
         return M.Ref(root, 0, n, 1)
 
-    def new(ref):
+    def new(ref, one_d=True):
         v = next(names)
         refs[v] = ref
         transient.append(v)
+        if one_d:
+            flat.add(v)
         return v
 
-    for _ in range(1 + upto(max_len - 1)):
+    def forget(v):
+        transient.remove(v)
+        del refs[v]
+        flat.discard(v)
+
+    # one more instruction while a draw is not 0: a program ends where the shrinker zeroes it
+    while len(code) < max_len and (not code or upto(31)):
         kind = pick(OPCODES)
         if kind == "empty":
             # often a size made before: an exact fit for a freed block
@@ -152,11 +169,40 @@ def programs(draw, max_len=24):
         elif kind == "free":
             if transient:
                 v = pick(transient)
-                transient.remove(v)
-                del refs[v]
+                forget(v)
                 code.append(("free", v))
         elif kind == "fill":
-            code.append(("fill", stream(), name()))
+            code.append(("fill", stream(), name(flat_only=False)))
+        elif kind == "add_self":
+            code.append(("add_self", stream(), name()))
+        elif kind == "interleave":
+            # two views of one tensor that share its extent and no element, each used on a stream:
+            # every k-th element from two offsets, or complementary columns of rows
+            src = name()
+            r = refs[src]
+            pair = []
+            if upto(1):
+                k = pick(STEPS[2:])
+                lim = min(k, r.n)
+                if lim >= 2:
+                    a = upto(lim - 1)
+                    for o in (a, (a + 1 + upto(lim - 2)) % lim):
+                        m = (r.n - 1 - o) // k + 1
+                        pair.append(new(r.view(o, m, k)))
+                        code.append(("view", pair[-1], src, o, m, k))
+            elif r.n >= 2:
+                row_len = 2 + upto(min(r.n, 64) - 2)
+                rows = 1 + upto(min(r.n // row_len, 64) - 1)
+                start = upto(r.n - rows * row_len)
+                cols = 1 + upto(row_len - 2)
+                for c0, c in ((0, cols), (cols, row_len - cols)):
+                    pair.append(new(r.view2d(start, rows, row_len, c0, c), one_d=False))
+                    code.append(("view2d", pair[-1], src, start, rows, row_len, c0, c, upto(1)))
+            for v in pair:
+                if upto(1):
+                    code.append(("fill", stream(), v))
+                else:
+                    code.append(("neg", new(alloc(refs[v].numel), one_d=v in flat), stream(), v))
         elif kind == "handoff":
             # the pattern behind the freed-block reuse race: a tensor used on one stream and
             # dropped, then a tensor of its size made and written on another
@@ -167,9 +213,8 @@ def programs(draw, max_len=24):
                 if upto(1):
                     code.append(("fill", stream(), v))
                 else:
-                    code.append(("neg", new(alloc(refs[v].n)), stream(), v))
-                transient.remove(v)
-                del refs[v]
+                    code.append(("neg", new(alloc(refs[v].numel), one_d=v in flat), stream(), v))
+                forget(v)
                 code.append(("free", v))
                 s = stream()
                 w = new(alloc(n))
@@ -197,9 +242,23 @@ def programs(draw, max_len=24):
             s, a, b = stream(), name(), name()
             m = min(refs[a].n, refs[b].n)
             code.append(("add", new(alloc(m)), s, a, b))
-        elif kind == "neg":
-            s, a = stream(), name()
-            code.append(("neg", new(alloc(refs[a].n)), s, a))
+        elif kind in ("neg", "frexp"):
+            s, a = stream(), name(flat_only=False)
+            code.append((kind, new(alloc(refs[a].numel), one_d=a in flat), s, a))
+        elif kind == "empty_strided":
+            n, step, s = pick(SIZES), pick(STEPS[2:]), stream()
+            v = new(M.Ref(alloc((n - 1) * step + 1).root, 0, n, step))
+            code.append(("empty_strided", v, s, n, step))
+        elif kind == "view2d":
+            src = name()
+            r = refs[src]
+            row_len = 1 + upto(min(r.n, 64) - 1)
+            rows = 1 + upto(min(r.n // row_len, 64) - 1)
+            start = upto(r.n - rows * row_len)
+            c0 = upto(row_len - 1)
+            cols = 1 + upto(row_len - 1 - c0)
+            v = new(r.view2d(start, rows, row_len, c0, cols), one_d=False)
+            code.append(("view2d", v, src, start, rows, row_len, c0, cols, upto(1)))
         elif kind == "wait_stream":
             o, s = stream(), upto(nstreams - 1)  # s == o: a wait on itself orders nothing new
             joined.add(s)
@@ -242,6 +301,11 @@ def _do(dev, ss, ev, env, ins):
         _, s, v = ins
         with dev.stream(ss[s]):
             env[v].fill_(1.0)
+    elif kind == "add_self":
+        _, s, v = ins
+        with dev.stream(ss[s]):
+            t = env[v]
+            t.add_(t)
     elif kind in ("add_", "copy_"):
         _, s, d, x = ins
         m = min(env[d].numel(), env[x].numel())
@@ -265,6 +329,18 @@ def _do(dev, ss, ev, env, ins):
         _, v, s, a = ins
         with dev.stream(ss[s]):
             env[v] = torch.neg(env[a])
+    elif kind == "frexp":
+        _, v, s, a = ins
+        with dev.stream(ss[s]):
+            env[v] = torch.frexp(env[a])[0]
+    elif kind == "empty_strided":
+        _, v, s, n, step = ins
+        with dev.stream(ss[s]):
+            env[v] = torch.empty_strided((n,), (step,), dtype=torch.float32, device=dev.torch_device)
+    elif kind == "view2d":
+        _, v, src, start, rows, row_len, c0, cols, transposed = ins
+        t = env[src][start : start + rows * row_len].view(rows, row_len)[:, c0 : c0 + cols]
+        env[v] = t.t() if transposed else t
     elif kind == "wait_stream":
         _, s, o = ins
         ss[s].wait_stream(ss[o])
@@ -382,11 +458,94 @@ def test_audit_agrees_with_the_reference_model(prog):
 
 
 @_seeded
-@settings(settings.get_profile("audit-oracle"))
+@settings(settings.get_profile("audit-oracle-allocator"))
 @given(prog=programs())
 def test_allocator_agrees_with_the_reference_model(prog):
     _, trace = audit(SimDevice(), prog)
     check_allocator(prog, trace)
+
+
+# ------------------------------------------------------------------------------------------------
+# disagreements found, kept as regressions
+# ------------------------------------------------------------------------------------------------
+
+WIDE = (1 << 22) + 1  # elements in each view below: one more than the audit compares one by one
+
+# as Hypothesis shrank it (with sizes past 2**23 elements allowed): the even elements of a tensor
+# read on main, the odd ones written on a side stream, unordered; the two share no byte
+INTERLEAVED_HALVES = M.Program(
+    2,
+    1,
+    (
+        ("empty", "t0", 0, 2 * WIDE),
+        ("wait_stream", 1, 0),
+        ("view", "t1", "t0", 0, WIDE, 2),
+        ("view", "t2", "t0", 1, WIDE, 2),
+        ("neg", "t3", 0, "t1"),
+        ("fill", 1, "t2"),
+    ),
+)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the audit compares a strided view of over 2**22 elements by its extent: a false race",
+)
+def test_interleaved_halves_of_a_wide_tensor_do_not_race():
+    report, trace = audit(SimDevice(), INTERLEAVED_HALVES)
+    check_hazards(INTERLEAVED_HALVES, report, trace)
+
+
+# ------------------------------------------------------------------------------------------------
+# the oracle has teeth: each bug planted in the audit or the simulator's allocator is caught
+# ------------------------------------------------------------------------------------------------
+
+
+def _any_stream_fit(pool, stream, size):
+    """The smallest free block that fits, whichever stream freed it, where the policy keeps each
+    stream's blocks to that stream."""
+    fits = [block for blocks in pool.free.values() for block in blocks if block[0] >= size]
+    return pool.by_addr[min(fits)[1]] if fits else None
+
+
+def _plant(monkeypatch, bug):
+    from nblib.backends.sim import allocator
+    from nblib.instruments import audit as A
+
+    if bug == "ordered":  # an op is taken as ordered only after a later op of its stream
+        monkeypatch.setattr(A, "ordered", lambda a, b: a.epoch < b.vc.get(a.stream, 0))
+    elif bug == "extent":  # strided views compared by extent, as if dense
+        monkeypatch.setattr(A, "share_bytes", lambda a, b: True)
+    elif bug == "any_stream":
+        monkeypatch.setattr(allocator.BlockPool, "best_fit", _any_stream_fit)
+
+
+@pytest.mark.parametrize(
+    "bug,check",
+    [
+        ("ordered", check_hazards),
+        ("extent", check_hazards),
+        ("any_stream", lambda prog, report, trace: check_allocator(prog, trace)),
+    ],
+)
+def test_a_planted_bug_is_caught(monkeypatch, bug, check):
+    _plant(monkeypatch, bug)
+
+    @settings(
+        max_examples=1000,
+        deadline=None,
+        derandomize=True,
+        database=None,
+        phases=[Phase.generate],
+        report_multiple_bugs=False,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
+    @given(prog=programs())
+    def oracle(prog):
+        check(prog, *audit(SimDevice(), prog))
+
+    with pytest.raises(AssertionError):
+        oracle()
 
 
 # ------------------------------------------------------------------------------------------------
@@ -417,6 +576,14 @@ WARM_UP = M.Program(
         ("add", "t5", 0, "t2", "t3"),
         ("neg", "t6", 0, "t0"),
         ("neg", "t7", 0, "t2"),
+        ("view2d", "t8", "t0", 3, 8, 16, 2, 5, 1),
+        ("fill", 0, "t8"),
+        ("neg", "t9", 0, "t8"),
+        ("frexp", "t10", 0, "t0"),
+        ("frexp", "t11", 0, "t8"),
+        ("empty_strided", "t12", 0, 64, 3),
+        ("fill", 0, "t12"),
+        ("add_self", 0, "t2"),
         ("wait_stream", 1, 0),
         ("record", 0, 1, 2),
         ("wait", 0, 0, 0),
