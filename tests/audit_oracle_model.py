@@ -13,7 +13,7 @@ made inside it. Instructions:
     ("view", v, src, start, n, k) v = src[start : start + (n - 1) * k + 1 : k] (no kernel)
     ("free", v)                   del v: the block is freed when no name holds its storage
     ("fill", s, v)                v.fill_(1) on s                         writes v
-    ("add_self", s, v)            v.add_(v) on s, one tensor object        writes v
+    ("add_self", s, v)            v.add_(v) on s (one tensor object)      writes v
     ("add_", s, d, x)             d[:m].add_(x[:m]) on s, m = min(len)    writes d, reads x
     ("copy_", s, d, x)            d[:m].copy_(x[:m]) on s                 writes d, reads x
     ("zeros", v, s, n)            v = torch.zeros(n) on s                 allocates v, writes it
@@ -29,9 +29,11 @@ made inside it. Instructions:
                                   filled, negated, frexp'ed, freed or record_stream'ed
     ("wait_stream", s, o)         stream s waits for all work queued on o so far
     ("record", e, s, form)        event e recorded on s: e.record(s) (form 0), s.record_event(e)
-                                  (1), or e replaced by a new event s.record_event() (2)
-    ("wait", s, e, form)          s waits on e's latest record: s.wait_event(e) (0), e.wait(s) (1);
-                                  an event not yet recorded orders nothing
+                                  (1), e replaced by a new event s.record_event() (2), or
+                                  e.record() with s current (3)
+    ("wait", s, e, form)          s waits on e's latest record: s.wait_event(e) (0), e.wait(s) (1),
+                                  e.wait() with s current (2); an event not yet recorded orders
+                                  nothing
     ("record_stream", v, s)       record_stream(v, s): v's block is not reused before capture end
 
 A stream takes part in the capture once it waits on one that does (or on an event recorded in
@@ -66,7 +68,6 @@ from dataclasses import dataclass
 
 ITEM = 4  # float32
 MIB = 1 << 20
-KINDS = ("read-after-write", "write-after-read", "write-after-write")
 PERSISTENT = ("p0", "p1")
 PERSISTENT_LEN = 4096
 
@@ -124,10 +125,8 @@ class Op:
 @dataclass
 class Allocation:
     ordinal: int
-    stream: int
+    stream: int  # the allocating stream
     nbytes: int
-    record_streams: set
-    freed_at: int = None  # position in the event list where its storage died
 
 
 @dataclass
@@ -156,7 +155,7 @@ def run(program):
     recorded = {}  # event slot -> mask at its latest record
 
     def allocate(v, s, n):
-        a = Allocation(len(allocations), s, n * ITEM, set())
+        a = Allocation(len(allocations), s, n * ITEM)
         allocations.append(a)
         events.append(("alloc", a.ordinal))
         bind(v, Ref(a.ordinal, 0, n, 1))
@@ -172,9 +171,7 @@ def run(program):
             return
         holders[ref.root].discard(v)
         if not holders[ref.root]:
-            a = allocations[ref.root]
-            a.freed_at = len(events)
-            events.append(("free", a.ordinal))
+            events.append(("free", ref.root))
 
     def op(s, *accesses):
         i = len(ops)
@@ -246,10 +243,7 @@ def run(program):
                 frontier[s] = frontier.get(s, 0) | recorded[e]
         elif kind == "record_stream":
             _, v, s = ins
-            root = names[v].root
-            if s != allocations[root].stream:  # the allocating stream's own uses need nothing
-                allocations[root].record_streams.add(s)
-            events.append(("record_stream", root, s))
+            events.append(("record_stream", names[v].root, s))
         else:
             raise ValueError(f"unknown instruction {ins!r}")
     joined = sorted(s for s in frontier if s != 0)
