@@ -54,7 +54,8 @@ def page(path: Path) -> str:
 def sentences(res: dict) -> list[tuple[str, str]]:
     """(what, sentence) for every conclusion notebook `res` computed: its verdict, and per notebook
     00's protocol and seed-block verdicts, 02's explanation and each design's reason, 03's graph,
-    CSAN and hazard sentences, 04's overlap story and each check with what it measured."""
+    CSAN and hazard sentences, 04's overlap story, micro-batch verdict and each check with what it
+    measured."""
     out = [("verdict", res["verdict"])]
     nb = res["notebook"]
     if nb == "00_reproduce":
@@ -74,6 +75,8 @@ def sentences(res: dict) -> list[tuple[str, str]]:
             out.append(("CSAN verdict", res["csan_verdict"]))
     elif nb == "04_persistent_buffer_fix":
         out.append(("overlap story", res["overlap_story"]))
+        if res.get("micro_batches_verdict"):
+            out.append(("micro-batch verdict", res["micro_batches_verdict"]))
         out += [(f"check: {c['check']}", f"{c['check']} {c['measured']}") for c in res["checks"]]
     return out
 

@@ -234,7 +234,20 @@ class FixCheck(BaseModel):
     holds: bool | None  # None: a speed check on the simulator's host time, not judged
 
 
+class MicroBatchAudit(BaseModel):
+    """Notebook 04's two overlapped micro-batches, one buffer layout (nblib.studies.microbatch)."""
+
+    model_config = FORBID
+    layout: Literal["shared", "per micro-batch"]
+    status: Literal["clean", "hazards", "failed"]
+    hazards: int
+    kinds: str
+    bytes_of: str
+    streams: str
+
+
 class Fix04(ResultsFile):
+    OLDER: ClassVar[frozenset[str]] = ResultsFile.OLDER | {"micro_batches", "micro_batches_verdict"}
     notebook: Literal["04_persistent_buffer_fix"]
     plan: FixPlan | None = None
     rows: list[Row] | None = None
@@ -244,6 +257,8 @@ class Fix04(ResultsFile):
     speed: list[Row] | None = None
     overlap_branches: list[Row] | None = None
     overlap_story: str | None = None
+    micro_batches: list[MicroBatchAudit] | None = None
+    micro_batches_verdict: str | None = None
     checks: list[FixCheck] | None = None
 
 
