@@ -59,9 +59,14 @@ NEWEST_DEPS := numpy scipy matplotlib pyyaml 'pydantic>=2' pandas jinja2 tqdm 'p
 NEWEST_TESTS ?= test_private_api.py test_topk.py test_instrument_kernels.py test_indexer.py \
 	test_kernel_compile.py test_device.py test_sim.py test_recorder.py test_audit.py test_audit_cli.py
 
-.venv-newest/.stamp: pyproject.toml
+# in two steps: the packages (.deps) write nothing into the checkout, so they can be installed while
+# another venv installs this package; the package itself (.stamp) writes its egg-info here
+.venv-newest/.deps: pyproject.toml
 	python3 -m venv .venv-newest
 	$(NEWEST_PIP_ENV) $(NEWEST_PY) -m pip install -q '$(NEWEST_TORCH)' '$(NEWEST_TRITON)' $(NEWEST_DEPS)
+	touch $@
+
+.venv-newest/.stamp: .venv-newest/.deps
 	$(NEWEST_PY) -m pip install -q --no-deps -e .
 	touch $@
 
