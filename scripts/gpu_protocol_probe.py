@@ -1,11 +1,14 @@
 """The campaign's protocol on a profile and its variants, and the differential's designs, on one GPU.
 
-    python scripts/gpu_protocol_probe.py OUTDIR [--params params/gpu.yaml] [--runs 5]
-        [--variants "trunk_layers=25" "trunk_layers=26;out_min=32;out_max=64"] [--designs]
+    python scripts/gpu_protocol_probe.py OUTDIR [--params params/gpu.yaml] [--runs 5] [--blocks 0 100]
+        [--variants "trunk_layers=25" "trunk_layers=26;out_min=32;out_max=64;buckets=1,8,16,24"]
+        [--designs]
 
-Each variant overrides model or workload keys of the profile (`key=value`, `;`-separated) and runs the
-protocol (every session decoding together, every step counted) for `--runs` seeds: each run's
-corrupted sessions, the pooled rate, the dispersion test, the sessions one corrupted step hit.
+Each variant overrides model or workload keys of the profile, or its buckets (`key=value`,
+`;`-separated), and runs the protocol (every session decoding together, every step counted) for
+`--runs` seeds from each base seed of `--blocks` (default: the profile's seed): each run's corrupted
+sessions, the pooled rate, the dispersion test, the sessions one corrupted step hit, and each bucket's
+steps and corrupted steps.
 `--designs` then runs notebook 02's arms on the profile itself. Writes OUTDIR/protocol.json and
 OUTDIR/protocol.md, with the commit (NBLIB_COMMIT) and the device.
 """
@@ -31,23 +34,30 @@ MODEL_KEYS = {f for f in ModelConfig.__dataclass_fields__}
 
 
 def variant(profile, spec):
-    """The profile's model and workload with `spec`'s overrides (key=value;key=value)."""
-    shapes, work = dict(profile["model"]), dict(profile["workload"])
+    """The profile's model, workload and buckets with `spec`'s overrides (key=value;key=value)."""
+    shapes, work, buckets = dict(profile["model"]), dict(profile["workload"]), list(profile["buckets"])
     for item in filter(None, spec.split(";")):
         key, _, value = item.partition("=")
+        if key == "buckets":
+            buckets = [int(b) for b in value.split(",")]
+            continue
         (shapes if key in MODEL_KEYS else work)[key] = type((shapes | work)[key])(value)
-    return shapes, work
+    return shapes, work, buckets
 
 
-def probe(dev, profile, spec, runs):
-    shapes, work = variant(profile, spec)
+def probe(dev, profile, spec, runs, blocks):
+    """The protocol for one variant, captured once, from each base seed in `blocks`."""
+    shapes, work, buckets = variant(profile, spec)
     m = build.model(dev, shapes, index_dtype="bf16", overlap="on")
-    runner = Runner(m, profile["buckets"]).capture()
-    t0 = time.perf_counter()
-    p = protocol.run(runner, work, protocol.seeds(profile["seed"], runs), label=f"[{spec or 'profile'}] ")
-    row = dict(variant=spec or "profile", seconds=round(time.perf_counter() - t0, 1), **p.model_dump())
-    print(protocol.describe(p), flush=True)
-    return row
+    runner = Runner(m, buckets).capture()
+    rows = []
+    for base in blocks:
+        t0 = time.perf_counter()
+        p = protocol.run(runner, work, protocol.seeds(base, runs), label=f"[{spec or 'profile'} @{base}] ")
+        seconds = round(time.perf_counter() - t0, 1)
+        rows.append(dict(variant=spec or "profile", base_seed=base, seconds=seconds, **p.model_dump()))
+        print(protocol.describe(p), flush=True)
+    return rows
 
 
 def main():
@@ -56,13 +66,15 @@ def main():
     ap.add_argument("--params", default="params/gpu.yaml")
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--variants", nargs="*", default=[""])
+    ap.add_argument("--blocks", type=int, nargs="*", default=None)
     ap.add_argument("--designs", action="store_true")
     a = ap.parse_args()
     profile = params.load(a.params)
     dev = device.get(profile["backend"])
     out = Path(a.out)
     result = dict(commit=os.environ.get("NBLIB_COMMIT", "unknown"), device=dev.device_name(), params=a.params)
-    result["variants"] = [probe(dev, profile, v, a.runs) for v in a.variants]
+    blocks = a.blocks if a.blocks else [profile["seed"]]
+    result["variants"] = [row for v in a.variants for row in probe(dev, profile, v, a.runs, blocks)]
     if a.designs:
         t0 = time.perf_counter()
         seeds = protocol.seeds(profile["seed"], a.runs)
@@ -76,10 +88,14 @@ def main():
     for v in result["variants"]:
         each = ", ".join(f"{r['corrupted_sessions']}/{r['sessions']}" for r in v["runs"])
         p = v["pooled"]
+        by_bucket = ", ".join(
+            f"{b['bucket']}: {b['corrupted_steps']}/{b['steps']}" for b in v["bucket_steps"]
+        )
         lines.append(
-            f"- {v['variant']}: runs {each}; pooled {p['corrupted_sessions']}/{p['sessions']} "
-            f"[{100 * p['lo']:.1f}%, {100 * p['hi']:.1f}%]; steps {v['corrupted_steps']}/{v['steps']}; "
-            f"dispersion p {v['dispersion_p']:.2g} ({v['seconds']} s)"
+            f"- {v['variant']} @ seed {v['base_seed']}: runs {each}; "
+            f"pooled {p['corrupted_sessions']}/{p['sessions']} "
+            f"[{100 * p['lo']:.1f}%, {100 * p['hi']:.1f}%]; steps {v['corrupted_steps']}/{v['steps']} "
+            f"(by bucket {by_bucket}); dispersion p {v['dispersion_p']:.2g} ({v['seconds']} s)"
         )
     if a.designs:
         lines += ["", "## Designs", "", result["explanation"]]
