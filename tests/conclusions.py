@@ -53,9 +53,9 @@ def page(path: Path) -> str:
 
 def sentences(res: dict) -> list[tuple[str, str]]:
     """(what, sentence) for every conclusion notebook `res` computed: its verdict, and per notebook
-    00's protocol and seed-block verdicts, 02's explanation and each design's reason, 03's graph,
-    CSAN and hazard sentences, 04's overlap story, micro-batch verdict and each check with what it
-    measured."""
+    00's protocol and seed-block verdicts, 02's explanation, each design's reason and the campaign
+    design's verdict, 03's graph, CSAN and hazard sentences, 04's overlap story, micro-batch verdict and
+    each check with what it measured."""
     out = [("verdict", res["verdict"])]
     nb = res["notebook"]
     if nb == "00_reproduce":
@@ -68,6 +68,8 @@ def sentences(res: dict) -> list[tuple[str, str]]:
         out += [(f"{f['design']}: why", f["why"]) for f in why["findings"]]
         if why["recommended"]:
             out.append(("recommended", why["recommended"]))
+        if res.get("campaign_verdict"):
+            out.append(("campaign verdict", res["campaign_verdict"]))
     elif nb == "03_stream_overlap":
         out.append(("graph verdict", res["graph_verdict"]))
         out += [("hazard sentence", s) for s in res["hazard_sentences"]]

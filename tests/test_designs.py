@@ -34,8 +34,8 @@ def _block(dev, t):
     return b
 
 
-def test_side_clone_allocates_copies_in_the_graph_pool_on_the_side_stream():
-    dev, m, gd, runner, before = _captured("side_clone")
+def test_campaign_allocates_copies_in_the_graph_pool_on_the_side_stream():
+    dev, m, gd, runner, before = _captured("campaign")
     assert not before
     s = gd.stash[BUCKET]
     assert s["page_table"].data_ptr() != runner.static[BUCKET].page_table.data_ptr()  # a copy
@@ -97,7 +97,7 @@ def test_every_design_catches_a_planted_divergence(design):
 
 def test_an_unknown_design_or_arm_fails_in_one_line():
     m = build.model(get("sim"), DIFFERENTIAL)
-    with pytest.raises(ValueError, match="unknown differential design 'clone'.*side_clone"):
+    with pytest.raises(ValueError, match="unknown differential design 'clone'.*campaign"):
         GEDiff(m, design="clone")
     with pytest.raises(ValueError, match="arms must include 'off'"):
         designs.check_arms(["refs"])
@@ -234,43 +234,125 @@ def test_configurations_are_the_corrupting_one_and_its_one_knob_changes():
     ]
 
 
-def _arm(design, k, side_us, pairs=("indexer.logits / mlp.up",), main_us=50.0, diverged=0, planted=True):
+def _arm(
+    design,
+    k,
+    side_us=100.0,
+    pairs=("indexer.logits / mlp.up",),
+    kept=1000,
+    steps=((24, 20, 100), (40, 0, 300)),
+    main_us=50.0,
+    diverged=0,
+    planted=True,
+):
+    """An arm as notebook 02 records it: k of 200 sessions corrupted, the bucket-8 evidence (pairs,
+    blocks kept, branch times), and (bucket, corrupted steps, steps) pooled over its runs."""
     from nblib.core import stats
 
     p = None if design == "off" else stats.fisher(40, 200, k, 200)["p"]
     mech = [
         designs.Mechanism(
-            bucket=8, hazards=2 * len(pairs), pairs=list(pairs), side_ms=side_us / 1e3, main_ms=main_us / 1e3
+            bucket=24,
+            hazards=2 * len(pairs),
+            pairs=list(pairs),
+            side_ms=side_us / 1e3,
+            main_ms=main_us / 1e3,
+            kept_bytes=kept,
         )
     ]
+    bucket_steps = [protocol.BucketSteps(bucket=b, corrupted_steps=c, steps=n) for b, c, n in steps]
     return designs.Arm(
         design=design, description="", sessions=200, corrupted_sessions=k, rate=k / 200, lo=0.0, hi=1.0,
-        fisher_p=p, runs=[k], dispersion_p=1.0, steps=100, corrupted_steps=0, comparisons=100,
-        diverged=diverged, max_abs=0.0, planted_caught=planted if design != "off" else None,
-        hazards=2 * len(pairs), pairs=len(pairs), side_ms={8: side_us / 1e3}, main_ms={8: main_us / 1e3},
-        buckets=mech,
+        fisher_p=p, runs=[k], dispersion_p=1.0, steps=sum(n for _, _, n in steps),
+        corrupted_steps=sum(c for _, c, _ in steps), comparisons=100, diverged=diverged, max_abs=0.0,
+        planted_caught=planted if design != "off" else None, hazards=2 * len(pairs), pairs=len(pairs),
+        side_ms={24: side_us / 1e3}, main_ms={24: main_us / 1e3}, buckets=mech, bucket_steps=bucket_steps,
+        kept_bytes=kept,
     )  # fmt: skip
 
 
-def test_explain_reads_the_effect_and_its_reason_off_the_evidence():
-    result = designs.Designs(
-        arms=[
-            _arm("off", 40, 100.0),
-            _arm("side_clone", 80, 110.0),  # raised, same pairs, a longer side branch: timing
-            _arm("main_stash", 42, 100.2),  # no change, no shift: the one to build
-            _arm("prealloc", 45, 104.0),  # no change detected, but it leans to timing
-            _arm("refs", 0, 100.0, pairs=()),  # lowered, no pair left: layout and lifetime
-        ],
-        seeds=[0],
-        method="given",
+def _explained(*arms):
+    result = designs.Designs(arms=[_arm("off", 40), *arms], seeds=[0], method="given")
+    return result, designs.explain(result)
+
+
+def test_each_mechanism_is_named_from_its_own_evidence():
+    """off: 20 of 100 steps in bucket 24 corrupted, 300 clean steps in bucket 40, 1000 B kept."""
+    result, why = _explained(
+        # the same pairs and steps per bucket; a step in bucket 24 loses the race three times as often
+        _arm("campaign", 90, side_us=110.0, steps=((24, 60, 100), (40, 0, 300))),
+        # the same per-step rate in bucket 24 (20 %), three times the steps there
+        _arm("prealloc", 90, steps=((24, 60, 300), (40, 0, 100))),
+        # no pair left and 4 kB more kept: lifetime
+        _arm("refs", 0, pairs=(), kept=5096, steps=((24, 0, 100), (40, 0, 300))),
+        # no pair left, nothing more kept: layout
+        _arm("main_stash", 0, pairs=(), steps=((24, 0, 100), (40, 0, 300))),
+        _arm("canary", 42, steps=((24, 21, 100), (40, 0, 300))),
     )
-    why = designs.explain(result)
-    got = {f.design: (f.effect, f.why.split(":")[0]) for f in why.findings}
-    assert got["side_clone"] == ("raises", "timing")
-    assert got["refs"] == ("lowers", "layout and lifetime")
-    assert got["main_stash"][0] == got["prealloc"][0] == "unchanged"
-    assert "leans to timing" in dict((f.design, f.why) for f in why.findings)["prealloc"]
-    assert why.signature == ["refs"] and why.recommended == "main_stash"
+    got = {f.design: (f.effect, f.mechanism) for f in why.findings}
+    assert got == {
+        "campaign": ("raises", "in-step timing"),
+        "prealloc": ("raises", "batch dynamics"),
+        "refs": ("lowers", "lifetime"),
+        "main_stash": ("lowers", "layout"),
+        "canary": ("unchanged", "none"),
+    }
+    by = {f.design: f for f in why.findings}
+    assert (
+        by["campaign"].why.startswith("in-step timing")
+        and "60/100 against off's 20/100" in by["campaign"].why
+    )
+    assert "300/400 against off's 100/400" in by["prealloc"].why
+    assert "+4096 B" in by["refs"].lifetime
+    assert why.signature == ["refs", "main_stash"] and why.recommended is None
+
+
+def test_an_effect_no_evidence_accounts_for_reads_not_separated():
+    _, why = _explained(_arm("campaign", 80))  # the rate doubled, nothing else moved
+    assert [(f.effect, f.mechanism) for f in why.findings] == [("raises", "not separated")]
+
+
+def test_the_campaign_sentence_says_whether_the_campaigns_drop_is_reproduced():
+    result, why = _explained(_arm("campaign", 90, side_us=110.0, steps=((24, 60, 100), (40, 0, 300))))
+    s = designs.campaign_sentence(result, why)
+    assert (
+        "does not reproduce the campaign's drop" in s
+        and "in-step timing" in s
+        and "90/200 against 40/200" in s
+    )
+    result, why = _explained(_arm("campaign", 8, steps=((24, 4, 100), (40, 0, 300))))
+    s = designs.campaign_sentence(result, why)
+    assert "it reproduces the campaign's drop, carried by in-step timing" in s
+    result, why = _explained(_arm("refs", 8, pairs=(), kept=9000))
+    assert designs.campaign_sentence(result, why) is None  # no campaign arm
+
+
+def test_the_bucket_table_sets_each_arms_steps_beside_offs():
+    result, _ = _explained(_arm("prealloc", 90, steps=((24, 60, 300), (32, 1, 10))))
+    assert designs.bucket_table(result) == [
+        {"bucket": 24, "off": "20/100", "prealloc": "60/300"},
+        {"bucket": 32, "off": "0/0", "prealloc": "1/10"},
+        {"bucket": 40, "off": "0/300", "prealloc": "0/0"},
+    ]
+
+
+def test_kept_bytes_count_the_blocks_a_design_holds_past_the_capture():
+    """The audit's record of each arm's captures: clones and references keep pool blocks that off hands
+    back; a stash made before capture keeps none in the pool."""
+    dev = get("sim")
+    shapes, work = dict(DIFFERENTIAL), dict(sessions=4, rounds=1, ctx_min=64, ctx_max=128, turn_ctx=64,
+                                           out_min=1, out_max=2, think_min=1, think_max=1)  # fmt: skip
+    knobs, kept = dict(index_dtype="bf16", overlap="on", logits_policy="transient"), {}
+    for arm in ("off", "campaign", "prealloc", "refs"):
+        _, _, mech, _ = designs.run_arm(
+            dev, shapes, [BUCKET], work, arm, [0], knobs, replays=1, progress=None
+        )
+        kept[arm] = mech[0].kept_bytes
+    m = build.model(dev, shapes, index_dtype="bf16", overlap="on")
+    logits = BUCKET * m.cfg.max_ctx * 4  # fp32 logits rows of the bucket
+    assert kept["prealloc"] == kept["off"]
+    assert kept["refs"] >= kept["off"] + logits  # the logits block, at least
+    assert kept["campaign"] >= kept["off"] + logits  # its clone of them, at least
 
 
 def test_the_branches_are_measured_on_batches_of_the_entries_asked_for():

@@ -200,7 +200,7 @@ def test_notebook_02_graph_vs_eager(ci_suite):
     assert res["fixed"] == dict(index_dtype="bf16", mode="graph", overlap="on")
     assert not {"index_dtypes", "modes", "overlaps"} & set(res["params"])
     off, arms = res["off"], res["designs"]
-    assert [a["design"] for a in arms] == ["canary", "side_clone", "prealloc", "main_stash", "refs"]
+    assert [a["design"] for a in arms] == ["canary", "campaign", "prealloc", "main_stash", "refs"]
     runs = res["params"]["protocol_runs"]
     for a in [off, *arms]:  # every arm ran the same protocol: the same sessions, seeds and steps
         assert a["sessions"] == off["sessions"] == runs * res["params"]["workload"]["sessions"]

@@ -34,8 +34,9 @@ INPUTS = ("q", "head_w", "page_table", "seq_lens")
 
 # The ways an engineer writes the stash, each with the same comparison after every replay:
 DESIGNS = {
-    "side_clone": "clones of the inputs and logits captured on the side stream right after the logits "
-    "(the campaign's placement): new graph-pool blocks, kept, and extra side-stream work",
+    "campaign": "the campaign's differential as it was run: clones of the inputs and logits captured on "
+    "the indexer's (side) stream right after the logits, kept per bucket, recomputed and compared after "
+    "every replay: new graph-pool blocks, kept, and extra side-stream work",
     "prealloc": "a stash allocated before capture, outside the graph pool, filled with copy_ on the side "
     "stream: no new pool block, the same extra side-stream work",
     "main_stash": "the inputs cloned on the main stream where they are made, before the fork; only the "
@@ -55,7 +56,7 @@ class GEDiff:
     """An instrument for run_sessions (before, after) and the model's capture hooks (prepare before
     capture, before_fork on the main stream, __call__ on the logits' stream)."""
 
-    def __init__(self, model, log=None, design="side_clone"):
+    def __init__(self, model, log=None, design="campaign"):
         if model.gediff is not None:
             raise ValueError("this model already has a differential attached")
         self.design = check_design(design)
@@ -110,7 +111,7 @@ class GEDiff:
         """On the logits' stream, right after the logits kernel."""
         b = self._bucket()
         now = dict(q=q, head_w=head_w, page_table=page_table, seq_lens=seq_lens, logits=logits)
-        if self.design == "side_clone":
+        if self.design == "campaign":
             self.stash[b] = self._clone(now)
         elif self.design == "main_stash":
             self.stash[b].update(self._clone(dict(logits=logits)))

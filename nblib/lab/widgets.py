@@ -151,7 +151,7 @@ def gediff_explorer(dev, model, buckets, workload, logits_policy="transient", se
     )
     p = Panel(
         controls=dict(
-            design=W.Dropdown(options=list(designs.ARMS[1:]), value="side_clone", description="design"),
+            design=W.Dropdown(options=list(designs.ARMS[1:]), value="campaign", description="design"),
             runs=W.IntSlider(value=2, min=2, max=5, description="runs"),
         ),
         button=W.Button(description="run off and the design", button_style="primary"),

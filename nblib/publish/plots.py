@@ -272,7 +272,7 @@ def bucket_steps(rows, title="steps by bucket, pooled over the runs"):
 
 def design_rates(arms, findings=None):
     """The corruption rate per arm with its Wilson interval (off first), each labelled with what
-    the differential saw and, from findings, the effect and why."""
+    the differential saw and, from findings, the effect and the mechanism that carries it."""
     why = {f["design"]: f for f in findings or []}
     names = [a["design"] for a in arms]
     off = next((a for a in arms if a["design"] == "off"), None)
@@ -293,7 +293,10 @@ def design_rates(arms, findings=None):
         seen = f", diverged {a['diverged']}/{a['comparisons']}" if a["comparisons"] else ""
         label = f"{a['corrupted_sessions']}/{a['sessions']}{seen}"
         if a["design"] in why:
-            label += f"  ({why[a['design']]['effect']})"
+            f = why[a["design"]]
+            label += f"  ({f['effect']}" + (
+                f", {f['mechanism']})" if f.get("mechanism", "none") != "none" else ")"
+            )
         ax.text(1.02, y, label, transform=ax.get_yaxis_transform(), va="center", fontsize=8)
     if off is not None:
         ax.axvline(off["rate"], color="dimgray", linestyle=":", linewidth=1)

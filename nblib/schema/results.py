@@ -148,12 +148,15 @@ class MechanismRow(D.Mechanism):
 
 
 class GraphVsEager02(ResultsFile):
+    OLDER: ClassVar[frozenset[str]] = ResultsFile.OLDER | {"campaign_verdict", "bucket_table"}
     notebook: Literal["02_graph_vs_eager"]
     off: D.Arm | None = None
     designs: list[D.Arm] | None = None
     mechanism: list[MechanismRow] | None = None
     timing_method: str | None = None
     explanation: D.Explanation | None = None
+    campaign_verdict: str | None = None  # None: the campaign's design was not among the arms
+    bucket_table: list[Row] | None = None
     recommended: str | None = None
     signature: list[str] | None = None
     sessions_needed: list[SessionsNeeded] | None = None

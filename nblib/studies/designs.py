@@ -19,7 +19,7 @@ Arms: "off" (no instrument), "canary" (the campaign's baseline ran with it: eage
 each replay, nothing captured), and the differential's DESIGNS.
 
     result = designs.compare(dev, shapes, buckets, workload, seeds)
-    result.arms, designs.explain(result)
+    result.arms, designs.explain(result)   # the why: nblib.studies.design_evidence
 """
 
 import statistics
@@ -34,6 +34,13 @@ from nblib.instruments.canary import Canary
 from nblib.instruments.gediff import DESIGNS, GEDiff
 from nblib.instruments.overhead import timed, timer, warmups
 from nblib.studies import protocol
+from nblib.studies.design_evidence import Explanation, Finding, campaign_sentence, explain, verdict
+
+__all__ = [
+    "ARMS", "COLUMNS", "Arm", "Designs", "Explanation", "Finding", "Mechanism", "branch_ms",
+    "bucket_table", "campaign_sentence", "check_arms", "compare", "explain",
+    "planted_caught", "run_arm", "verdict",
+]  # fmt: skip
 
 ARMS = ("off", "canary", *DESIGNS)
 ARM_NOTES = {
@@ -58,14 +65,15 @@ def check_arms(arms):
 
 
 class Mechanism(BaseModel):
-    """One bucket of one arm's captures: the audit's hazards and aliasing pairs, and each branch
-    timed alone (ms; `method` says how)."""
+    """One bucket of one arm's captures: the audit's hazards and aliasing pairs, the bytes in blocks
+    the capture allocated and still held at its end, and each branch timed alone (ms; `method` says how)."""
 
     bucket: int
     hazards: int
     pairs: list[str]
     side_ms: float
     main_ms: float
+    kept_bytes: int = 0
 
 
 class Arm(BaseModel):
@@ -90,6 +98,9 @@ class Arm(BaseModel):
     side_ms: dict[int, float]
     main_ms: dict[int, float]
     buckets: list[Mechanism]
+    bucket_steps: list[protocol.BucketSteps] = []  # pooled over the runs: where the engine replayed
+    kept_bytes: int = 0  # summed over buckets
+    mechanism: str | None = None  # what carries its effect against off (design_evidence.MECHANISMS)
     lines: list[str] = Field(default_factory=list, exclude=True)  # one log line per comparison
 
 
@@ -161,8 +172,13 @@ def _instruments(arm, m, gd):
     return None
 
 
+def _kept(report):
+    """Per bucket: bytes in blocks allocated during its capture and not freed by the capture's end."""
+    return {t.label.get("bucket"): sum(a.nbytes for a in t.allocs if not a.freed) for t in report.traces}
+
+
 def _mechanisms(dev, m, report, buckets, replays, seed, ctx):
-    out, method = [], ""
+    out, method, kept = [], "", _kept(report)
     for b in sorted(buckets):
         side, main, method = branch_ms(dev, m, b, replays, seed=seed, ctx=ctx)
         out.append(
@@ -172,6 +188,7 @@ def _mechanisms(dev, m, report, buckets, replays, seed, ctx):
                 pairs=_pairs(report, b),
                 side_ms=side,
                 main_ms=main,
+                kept_bytes=kept.get(b, 0),
             )
         )
     return out, method
@@ -220,6 +237,8 @@ def _arm(name, proto, gd, mech, off, planted):
         side_ms={x.bucket: x.side_ms for x in mech},
         main_ms={x.bucket: x.main_ms for x in mech},
         buckets=mech,
+        bucket_steps=proto.bucket_steps,
+        kept_bytes=sum(x.kept_bytes for x in mech),
         lines=[f"{name}: {line}" for line in (gd.lines if gd is not None else [])],
     )
 
@@ -247,146 +266,21 @@ def compare(
                 + (f", Fisher p {arm.fisher_p:.2g}" if arm.fisher_p is not None else "")
                 + (f", {arm.diverged}/{arm.comparisons} diverged" if name in DESIGNS else "")
             )
-    return Designs(arms=out, seeds=list(seeds), method=method)
+    result = Designs(arms=out, seeds=list(seeds), method=method)
+    for f in explain(result).findings:
+        result.arm(f.design).mechanism = f.mechanism
+    return result
 
 
-class Finding(BaseModel):
-    """What one arm did to the rate, and the measured evidence for why."""
-
-    design: str
-    effect: str  # raises | lowers | unchanged (Fisher's p against off, at alpha)
-    layout: str
-    timing: str
-    why: str
-
-
-class Explanation(BaseModel):
-    findings: list[Finding]
-    signature: list[str]  # designs that reproduce the campaign's signature: rate falls, zero divergence
-    recommended: str | None  # a design that leaves the rate unchanged and catches a planted divergence
-    text: str
-
-
-def _racy(off):
-    """The buckets where the arm without instrument has aliasing pairs: where the race can happen."""
-    return [x.bucket for x in off.buckets if x.pairs] or [x.bucket for x in off.buckets]
-
-
-def _layout(arm, off):
-    moved = [b.bucket for b, o in zip(arm.buckets, off.buckets) if b.pairs != o.pairs]
-    if not moved:
-        return f"the same aliasing pairs as off in every bucket ({arm.pairs})", 0
-    return (
-        f"aliasing pairs {off.pairs} -> {arm.pairs} (changed in buckets {moved}); "
-        f"hazards {off.hazards} -> {arm.hazards}",
-        arm.pairs - off.pairs or (1 if arm.hazards > off.hazards else -1),
-    )
-
-
-def _timing(arm, off, racy):
-    ds = [1e3 * (arm.side_ms[b] - off.side_ms[b]) for b in racy]
-    dm = [1e3 * (arm.main_ms[b] - off.main_ms[b]) for b in racy]
-    side, main = statistics.mean(ds), statistics.mean(dm)
-    base = statistics.mean(1e3 * off.side_ms[b] for b in racy)
-    text = (
-        f"side branch {side:+.1f} us ({100 * side / base:+.1f} %), main branch {main:+.1f} us, "
-        f"mean over buckets {racy}"
-    )
-    return text, side - main  # > 0: the side branch gained on the main branch (a wider window)
-
-
-def _unchanged(arm, off, racy, dl, dt):
-    """No change detected: say so, with where the evidence leans (a shift under 1 % of the side
-    branch, or no pair moved, is read as none), so a reader sees what a longer protocol would test."""
-    p = "no change detected in the rate" + (f" (p = {arm.fisher_p:.2g})" if arm.fisher_p is not None else "")
-    base = statistics.mean(1e3 * off.side_ms[b] for b in racy)
-    if dl:
-        return f"{p}, although the aliasing pairs moved"
-    if abs(dt) > 0.01 * base:
-        way = "wider" if dt > 0 else "narrower"
-        more = "up" if dt > 0 else "down"
-        return (
-            f"{p}; the evidence leans to timing: the side branch gains {dt:+.1f} us on the main branch "
-            f"(a {way} window, the same blocks aliasing), which would move the rate {more}"
-        )
-    return f"{p}, and neither the aliasing pairs nor the branch times moved"
-
-
-def _finding(arm, off, racy, alpha):
-    effect = "unchanged"
-    if arm.fisher_p is not None and arm.fisher_p < alpha:
-        effect = "raises" if arm.rate > off.rate else "lowers"
-    layout, dl = _layout(arm, off)
-    timing, dt = _timing(arm, off, racy)
-    if effect == "unchanged":
-        why = _unchanged(arm, off, racy, dl, dt)
-    elif dl < 0 and effect == "lowers":
-        why = "layout and lifetime: fewer blocks handed on across streams, so fewer pairs can race"
-    elif dl > 0 and effect == "raises":
-        why = "layout: more blocks handed on across streams, so more pairs can race"
-    elif (dt > 0) == (effect == "raises") and dt != 0:
-        why = (
-            "timing: its work moves the side branch's end against the main branch's "
-            + ("(a wider window)" if dt > 0 else "(a narrower window)")
-            + ", with the same blocks aliasing"
-        )
-    else:
-        why = "neither the aliasing pairs nor the branch times measured here account for it"
-    return Finding(design=arm.design, effect=effect, layout=layout, timing=timing, why=why)
-
-
-def explain(result: Designs, alpha=0.05):
-    """Per arm: the effect on the rate and the evidence; the designs that reproduce the campaign's
-    signature (the rate falls and no comparison diverges); the design to recommend (the rate
-    unchanged, a planted divergence caught; the smallest side-branch cost among those)."""
-    off = result.arm("off")
-    racy = _racy(off)
-    findings = [_finding(a, off, racy, alpha) for a in result.arms if a.design != "off"]
-    by = {f.design: f for f in findings}
-    diffs = [a for a in result.arms if a.design in DESIGNS]
-    signature = [a.design for a in diffs if by[a.design].effect == "lowers" and a.diverged == 0]
-    fine = [a for a in diffs if by[a.design].effect == "unchanged" and a.planted_caught]
-    best = min(fine, key=lambda a: statistics.mean(a.side_ms[b] for b in racy), default=None)
-    lines = [
-        f"{f.design}: {f.effect} the rate "
-        f"({stats.fmt_rate(result.arm(f.design).corrupted_sessions, result.arm(f.design).sessions)} "
-        f"against {stats.fmt_rate(off.corrupted_sessions, off.sessions)} off, "
-        f"Fisher p = {result.arm(f.design).fisher_p:.2g}). Layout: {f.layout}. Timing: {f.timing}. "
-        f"Why: {f.why}."
-        for f in findings
-    ]
-    lines.append(
-        "The campaign's signature (the rate falls, zero divergence): "
-        + (", ".join(signature) if signature else "no design here")
-        + ". Recommended: "
-        + (
-            f"{best.design} (the rate unchanged, a planted divergence caught)"
-            if best
-            else "none: no design both left the rate unchanged and caught the planted divergence"
-        )
-        + "."
-    )
-    return Explanation(
-        findings=findings,
-        signature=signature,
-        recommended=best.design if best else None,
-        text="\n".join(lines),
-    )
-
-
-def verdict(result: Designs, why: Explanation):
-    """One paragraph: each arm's effect against no instrument, the signature and the recommendation."""
-    off = result.arm("off")
-    effects = {f.design: f for f in why.findings}
-    each = ", ".join(
-        f"{a.design} {effects[a.design].effect} "
-        f"({a.corrupted_sessions}/{a.sessions}, p = {a.fisher_p:.2g}"
-        + (f", {a.diverged}/{a.comparisons} diverged" if a.comparisons else "")
-        + ")"
-        for a in result.arms
-        if a.design != "off"
-    )
-    return (
-        f"Without instrument {stats.fmt_rate(off.corrupted_sessions, off.sessions)} of sessions corrupted; "
-        f"against it: {each}. {why.text.splitlines()[-1]}"
-    )
+def bucket_table(result: Designs) -> list[dict]:
+    """Per bucket: each arm's steps there, pooled over its runs, as 'corrupted/steps' (off first): whether
+    an instrument moved the engine to other buckets."""
+    buckets = sorted({b.bucket for a in result.arms for b in a.bucket_steps})
+    rows = []
+    for x in buckets:
+        row = dict(bucket=x)
+        for a in result.arms:
+            b = next((b for b in a.bucket_steps if b.bucket == x), None)
+            row[a.design] = f"{b.corrupted_steps}/{b.steps}" if b else "0/0"
+        rows.append(row)
+    return rows
