@@ -1,7 +1,9 @@
 """Capture: a TorchDispatchMode that records every op as a graph node and allocates its outputs from
 the arena, running nothing. View ops run at once (they touch no memory); ops a capture forbids
 raise SimCaptureError. Each node keeps closures over shadows of its tensors so replay can run it
-later, at its end time in the replay's schedule."""
+later, at its end time in the replay's schedule; a copy also keeps one closure per row of its
+destination, which replay runs in order over the copy's run (a copy streams its rows in address order,
+so the first rows are read as soon as it starts)."""
 
 import os
 import sys
@@ -58,7 +60,8 @@ class Node:
     on its stream plus event/wait_stream edges), nbytes (bytes moved, for the timing model),
     accesses (NodeAccess list), stack (Python frames at capture), alloc_seq (allocator log entries
     before it). run() executes it at once; read() computes from its inputs into temporaries and
-    write(state) stores the results."""
+    write(state) stores the results; rows: for a copy, one closure per row of its destination (run
+    in order, they do what run() does), else None."""
 
     __slots__ = (
         "index",
@@ -73,6 +76,7 @@ class Node:
         "read",
         "write",
         "cost",
+        "rows",
     )
 
     def __repr__(self):
@@ -156,6 +160,7 @@ class Capture:
         n.alloc_seq = len(dev.allocator.log)
         n.run, n.read, n.write = _make_closures(func, leaves, spec, mut_idx, out_shadows, info.n_returns)
         n.cost = _paged_cost(func, leaves, spec)
+        n.rows = _copy_rows(func, leaves, spec, out_shadows)
         self.frontier[stream] = (n.index,)
         self.nodes.append(n)
         if info.n_returns == 0:
@@ -180,6 +185,28 @@ def _paged_cost(func, leaves, spec):
     entry_bytes = roles.entry_bytes(cache)
     out_bytes = out.numel() * out.element_size()
     return lambda timing: timing.indexer_seconds(seq_lens.tolist(), entry_bytes, per_request, out_bytes)
+
+
+_COPIES = (torch.ops.aten.clone.default, torch.ops.aten.copy_.default)
+
+
+def _copy_rows(func, leaves, spec, out_shadows):
+    """A copy kernel streams its source in address order over its run, so it reads the first rows
+    near its start and the last near its end (a strided grid over the elements, as PyTorch's copy
+    kernels are): one closure per row of the destination, for a copy of two rows or more whose source
+    and destination have one shape; None for every other op."""
+    if func not in _COPIES:
+        return None
+    args, _ = tree_unflatten(leaves, spec)
+    if func is torch.ops.aten.clone.default:
+        if not out_shadows:
+            return None
+        src, dst = args[0], out_shadows[0][1]
+    else:
+        dst, src = args[0], args[1]
+    if not isinstance(src, torch.Tensor) or dst.dim() < 2 or dst.shape[0] < 2 or src.shape != dst.shape:
+        return None
+    return [lambda r=r: dst[r].copy_(src[r]) for r in range(dst.shape[0])]
 
 
 def tree_map_tensors(fn, args, kwargs):

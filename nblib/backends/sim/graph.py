@@ -77,6 +77,7 @@ class SimGraph:
         self._run = [nd.run for nd in self.nodes]
         self._nbytes = np.array([nd.nbytes for nd in self.nodes], dtype=np.float64)
         self._costs = [(i, nd.cost) for i, nd in enumerate(self.nodes) if nd.cost is not None]
+        self._rows = {i: nd.rows for i, nd in enumerate(self.nodes) if nd.rows}
         self._ready = True
         weakref.finalize(self, _destroyed, dev).atexit = False
 
@@ -128,13 +129,25 @@ class SimGraph:
             dur[i] = cost(tm)
         dur = (dur * tm.jitter(n, self.dev._rng)).tolist()
         sched = schedule(self._deps, dur)
-        # A kernel reads its inputs over its whole run, so its result reflects them as they stand
-        # when it finishes: each node computes at its end. A write that lands on another stream
-        # while a reader is still running corrupts what the reader returns, as on the GPU.
-        for i in sorted(range(n), key=lambda k: (sched.ends[k], k)):
-            self._run[i]()
+        for _, _, _, f in sorted(self._steps(sched), key=lambda e: e[:3]):
+            f()
         self.last_schedule = sched
         self.dev.clock += max(sched.ends)
+
+    def _steps(self, sched):
+        """(time, node, part, closure) for one replay. A kernel reads its inputs over its whole run,
+        so its result reflects them as they stand when it finishes: each node computes at its end,
+        and a write that lands on another stream while a reader is still running corrupts what the
+        reader returns, as on the GPU. A copy streams its rows in order: row r of R is done at
+        start + (r + 1) / R of its run."""
+        for i in range(len(self.nodes)):
+            rows = self._rows.get(i)
+            if rows is None:
+                yield sched.ends[i], i, 0, self._run[i]
+                continue
+            start, span = sched.starts[i], sched.ends[i] - sched.starts[i]
+            for r, f in enumerate(rows):
+                yield (sched.ends[i] if r == len(rows) - 1 else start + span * (r + 1) / len(rows)), i, r, f
 
     def _serial_seconds(self):
         """One stream's replay under the timing model, without jitter: its nodes' durations summed."""
