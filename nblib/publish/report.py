@@ -141,9 +141,15 @@ def _graph_vs_eager(r2, add):
     add("02 graph vs eager", "does the differential see it, and does it change the rate?", r2.verdict)
     add(
         "02 the Heisenbug explained",
-        "layout or timing: why does an instrument move the rate?",
+        "layout, lifetime, in-step timing or batch dynamics: why does an instrument move the rate?",
         " ".join(f"{f.design}: {f.effect} ({f.why})." for f in r2.explanation.findings),
     )
+    if r2.campaign_verdict:
+        add(
+            "02 the campaign's design",
+            "does the campaign's own design reproduce its drop?",
+            r2.campaign_verdict,
+        )
     need = "; ".join(f"baseline {x.baseline:.3g}: {x.fisher} sessions per arm" for x in r2.sessions_needed)
     add(
         "02 Heisenbug statistics",
@@ -246,6 +252,13 @@ def _tables(m):
             markdown_table([a.model_dump() for a in arms], designs.COLUMNS),
             m.graph_vs_eager.explanation.text.replace("\n", "\n\n"),
         ]
+        if m.graph_vs_eager.bucket_table:
+            parts += [
+                "Steps per bucket (corrupted/steps), each design beside off:",
+                markdown_table(m.graph_vs_eager.bucket_table),
+            ]
+        if m.graph_vs_eager.campaign_verdict:
+            parts.append(m.graph_vs_eager.campaign_verdict)
     if m.reproduce:
         if m.reproduce.protocol_checks:
             parts += ["## The campaign's protocol (notebook 00)", markdown_table(m.reproduce.protocol_checks)]
