@@ -31,7 +31,12 @@ DOC = ROOT / "docs" / "results.md"
 TEMPLATE = "results.md.j2"
 # The committed run folders, in the order the page lists them, and what each one is for.
 RUNS = (
-    ("outputs/gpu", "the suite, notebook by notebook"),
+    (
+        "outputs/gpu-timed",
+        "notebooks 00 and 02 on params/gpu.yaml as it stands: tool calls of 0.5-4 ms on the engine's clock, "
+        "buckets every 4 from 20 to 32",
+    ),
+    ("outputs/gpu", "the suite, notebook by notebook, on the profile before it: tool calls of 1-8 steps"),
     ("outputs/gpu-repeat", "notebooks 00 and 02 again on the same commit: how far the figures move"),
     ("outputs/gpu-long", "notebook 00 alone on params/gpu-long.yaml"),
 )
