@@ -566,11 +566,6 @@ INTERLEAVED_HALVES = M.Program(
 )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="the audit compares a strided view of over 2**22 elements by its extent: a false race",
-)
 def test_interleaved_halves_of_a_wide_tensor_do_not_race():
     report, trace = audit(SimDevice(), INTERLEAVED_HALVES)
     check_hazards(INTERLEAVED_HALVES, report, trace)

@@ -116,3 +116,22 @@ def two_side_streams(dev, racy):
         join(main, side1, side2)
 
     return [fn]
+
+
+@case("interleaved halves of a wide tensor, one read on main and one written on a side stream", WAR)
+def wide_interleaved_halves(dev, racy):
+    # more elements than the audit lists one by one: decided from the views' shared layout
+    wide = (1 << 22) + 1
+    x = zeros(dev, 2 * wide)
+    side = dev.Stream()
+    written = slice(0, None, 2) if racy else slice(1, None, 2)  # racy: the elements main reads
+
+    def fn():
+        main = fork(dev, side)
+        y = x[0::2].neg()  # the even elements, on main
+        with dev.stream(side):
+            x[written].fill_(2.0)
+        main.wait_stream(side)
+        return y
+
+    return [fn]
