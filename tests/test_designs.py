@@ -322,7 +322,7 @@ def test_the_campaign_sentence_says_whether_the_campaigns_drop_is_reproduced():
     )
     result, why = _explained(_arm("campaign", 8, steps=((24, 4, 100), (40, 0, 300))))
     s = designs.campaign_sentence(result, why)
-    assert "it reproduces the campaign's drop. Carried by in-step timing:" in s
+    assert "it reproduces the campaign's drop. The mechanism, in-step timing:" in s
     result, why = _explained(_arm("refs", 8, pairs=(), kept=9000))
     assert designs.campaign_sentence(result, why) is None  # no campaign arm
 

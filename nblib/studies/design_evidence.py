@@ -260,8 +260,8 @@ def campaign_sentence(result, why: Explanation) -> str | None:
         f"Fisher p = {arm.fisher_p:.2g}) with {arm.diverged} of {arm.comparisons} comparisons diverged"
     )
     if f.effect == "lowers" and arm.diverged == 0:
-        return f"{what}: it reproduces the campaign's drop. Carried by {f.why}."
-    instead = f"Carried by {f.why}" if f.mechanism != "none" else f"Instead: {f.why}"
+        return f"{what}: it reproduces the campaign's drop. The mechanism, {f.why}."
+    instead = f"The mechanism, {f.why}" if f.mechanism != "none" else f"Instead: {f.why}"
     return f"{what}: it does not reproduce the campaign's drop. {instead}."
 
 
