@@ -578,7 +578,7 @@ def test_cuda_model_with_the_triton_topk_replays_what_torch_topk_computes():
     assert torch.equal(got["torch"], got["triton"])
 
 
-@settings(max_examples=300, deadline=None, derandomize=True)
+@settings(max_examples=150, deadline=None, derandomize=True)
 @given(
     shape=st.lists(st.integers(1, 6), min_size=1, max_size=3),
     stride=st.lists(st.integers(-9, 9), min_size=3, max_size=3),
