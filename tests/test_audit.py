@@ -13,7 +13,7 @@ from models import TINY
 from nblib.backends.sim import SimCaptureError, SimDevice, SimGraph
 from nblib.engine.model import DecodeModel, ModelConfig
 from nblib.engine.runner import Runner
-from nblib.instruments import audit, trace
+from nblib.instruments import audit, byte_overlap, trace
 
 
 def _kinds(rep):
@@ -599,5 +599,5 @@ def test_wide_views_of_one_layout_share_a_byte_exactly_when_their_bytes_meet(sha
         return {v.addr + s + k for s in starts for k in range(size)}
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(audit, "MAX_EXACT", 0)
-        assert audit.share_bytes(a, b) == bool(bytes_of(a) & bytes_of(b))
+        mp.setattr(byte_overlap, "MAX_EXACT", 0)
+        assert byte_overlap.share_bytes(a, b) == bool(bytes_of(a) & bytes_of(b))

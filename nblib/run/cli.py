@@ -4,7 +4,8 @@ python -m nblib sweep --params P --grid params/grids/G.yaml [--workers N | --ray
 python -m nblib publish RUN_DIR|SWEEP_DIR [--out DIR/site] [--check]
 python -m nblib window [--params P] [--out params/local-<gpu>.yaml] [--runs 2] [--depths LO:HI] [--band LO:HI]
 python -m nblib audit TARGET [--backend cuda|sim] [--json] [--label L]   (docs/audit.md; exit 0/1/2)
-python -m nblib results [--check] [--out docs/results.md]   (the page of committed results)"""
+python -m nblib results [--check] [--out docs/results.md]   (the page of committed results)
+python -m nblib stats 9/40 11/40 [--baseline 44/200] [--json]   (the protocol's statistics for your counts)"""
 
 import argparse
 import sys
@@ -67,6 +68,12 @@ def main(argv=None):
     d = sub.add_parser("results", help="write docs/results.md from the committed results files")
     d.add_argument("--out", help="the page (default: docs/results.md)")
     d.add_argument("--check", action="store_true", help="exit 1, naming the lines, when the page is stale")
+    c = sub.add_parser("stats", help="the protocol's statistics for counts from your own runs")
+    c.add_argument("runs", nargs="+", help="each run's count, CORRUPTED/SESSIONS (e.g. 9/40)")
+    c.add_argument("--baseline", help="the pooled count without your change, CORRUPTED/SESSIONS")
+    c.add_argument("--alpha", type=float, default=0.05, help="the tests' level (default 0.05)")
+    c.add_argument("--power", type=float, default=0.8, help="for the sessions a fix needs (default 0.8)")
+    c.add_argument("--json", action="store_true", help="print the report as JSON")
     args = ap.parse_args(argv)
     try:
         COMMANDS[args.cmd](args)
@@ -211,6 +218,17 @@ def _results(args):
     print(f"{out} agrees with the committed results")
 
 
+def _stats(args):
+    from nblib.studies import counts
+
+    runs = [counts.parse(r) for r in args.runs]
+    base = counts.parse(args.baseline) if args.baseline else None
+    if not (0 < args.alpha < 1 and 0 < args.power < 1):
+        raise ValueError(f"--alpha and --power lie strictly between 0 and 1; got {args.alpha}, {args.power}")
+    rep = counts.report(runs, base, alpha=args.alpha, power=args.power)
+    print(rep.model_dump_json(indent=1) if args.json else rep.text)
+
+
 COMMANDS = {
     "run": _run,
     "cells": _cells,
@@ -219,6 +237,7 @@ COMMANDS = {
     "audit": _audit,
     "window": _window,
     "results": _results,
+    "stats": _stats,
 }
 
 if __name__ == "__main__":
