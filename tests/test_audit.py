@@ -5,15 +5,13 @@ import types
 
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
 from miniature import N, reuse_race_step
 from models import TINY
 
 from nblib.backends.sim import SimCaptureError, SimDevice, SimGraph
 from nblib.engine.model import DecodeModel, ModelConfig
 from nblib.engine.runner import Runner
-from nblib.instruments import audit, byte_overlap, trace
+from nblib.instruments import audit, trace
 
 
 def _kinds(rep):
@@ -576,28 +574,3 @@ def test_cuda_model_with_the_triton_topk_replays_what_torch_topk_computes():
             runner.capture()
         got[kernel] = runner.run(*batch)[1].cpu()
     assert torch.equal(got["torch"], got["triton"])
-
-
-@settings(max_examples=150, deadline=None, derandomize=True)
-@given(
-    shape=st.lists(st.integers(1, 6), min_size=1, max_size=3),
-    stride=st.lists(st.integers(-9, 9), min_size=3, max_size=3),
-    size=st.sampled_from([1, 2, 4]),
-    offset=st.integers(-64, 64),
-)
-def test_wide_views_of_one_layout_share_a_byte_exactly_when_their_bytes_meet(shape, stride, size, offset):
-    """Views too wide to list element by element are compared from their layout when both have the
-    same one: checked here on small views (the element lists switched off) against their byte sets."""
-    layout = (tuple(shape), tuple(stride[: len(shape)]), size)
-    a = types.SimpleNamespace(addr=1000, nbytes=0, layout=layout)
-    b = types.SimpleNamespace(addr=1000 + offset, nbytes=0, layout=layout)
-
-    def bytes_of(v):
-        starts = {0}
-        for n, st_ in zip(*v.layout[:2]):
-            starts = {s + i * st_ * size for s in starts for i in range(n)}
-        return {v.addr + s + k for s in starts for k in range(size)}
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(byte_overlap, "MAX_EXACT", 0)
-        assert byte_overlap.share_bytes(a, b) == bool(bytes_of(a) & bytes_of(b))

@@ -192,6 +192,11 @@ def _why(mechanism, effect, ev):
     }[mechanism]
 
 
+def _moves(effect):
+    """'raises the rate', 'lowers the rate', 'leaves the rate unchanged'."""
+    return "leaves the rate unchanged" if effect == "unchanged" else f"{effect} the rate"
+
+
 def finding(arm, off, alpha=0.05):
     """One arm's effect against off and each mechanism's evidence."""
     effect = "unchanged"
@@ -221,7 +226,7 @@ def explain(result, alpha=0.05) -> Explanation:
     where = racy(off)
     best = min(fine, key=lambda a: statistics.mean(a.side_ms[b] for b in where), default=None)
     lines = [
-        f"{f.design}: {f.effect} the rate "
+        f"{f.design}: {_moves(f.effect)} "
         f"({stats.fmt_rate(result.arm(f.design).corrupted_sessions, result.arm(f.design).sessions)} "
         f"against {stats.fmt_rate(off.corrupted_sessions, off.sessions)} off, "
         f"Fisher p = {result.arm(f.design).fisher_p:.2g}). Mechanism: {f.mechanism}. Why: {f.why}."
@@ -254,7 +259,7 @@ def campaign_sentence(result, why: Explanation) -> str | None:
         return None
     arm, off = result.arm(CAMPAIGN), result.arm("off")
     what = (
-        f"The campaign's design, run as the campaign ran it, {f.effect} the rate "
+        f"The campaign's design, run as the campaign ran it, {_moves(f.effect)} "
         f"({arm.corrupted_sessions}/{arm.sessions} against {off.corrupted_sessions}/{off.sessions} "
         "without it, "
         f"Fisher p = {arm.fisher_p:.2g}) with {arm.diverged} of {arm.comparisons} comparisons diverged"
