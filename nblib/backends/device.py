@@ -58,6 +58,11 @@ class CudaDevice:
         return torch.cuda.get_device_name(self.torch_device)
 
     @staticmethod
+    def eager_timing():
+        """Nothing to do: the GPU times eager kernels itself (the simulator's facade models them)."""
+        return contextlib.nullcontext()
+
+    @staticmethod
     def Stream(*args, **kwargs):  # noqa: N802  (spelled as torch.cuda.Stream, which it replaces)
         """A new side stream that is neither the capture stream nor the current one.
 

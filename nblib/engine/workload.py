@@ -233,13 +233,15 @@ def build_batch(model, pool, tables, batch):
 class StepClock:
     """The device time of one engine step: events recorded around the replay and its instruments,
     read when the step ends. On CUDA the host then waits for the step, as an engine that samples
-    every step does; on the simulator an event reads its clock, the timing model's span of the
-    replays in between (eager work adds nothing there)."""
+    every step does; on the simulator an event reads its stream's clock: the timing model's span of
+    the replays in between and, under dev.eager_timing(), of the eager kernels."""
 
     def __init__(self, dev):
         self.dev, self.seconds = dev, 0.0
 
     def __enter__(self):
+        self.timing = self.dev.eager_timing()
+        self.timing.__enter__()
         self.start = self.dev.Event(enable_timing=True)
         self.start.record()
         return self
@@ -247,6 +249,7 @@ class StepClock:
     def __exit__(self, *exc):
         end = self.dev.Event(enable_timing=True)
         end.record()
+        self.timing.__exit__(*exc)
         end.synchronize()
         self.seconds = self.start.elapsed_time(end) / 1e3
 

@@ -159,7 +159,7 @@ class Capture:
         n.stack = python_stack() if dev.record_stacks else None
         n.alloc_seq = len(dev.allocator.log)
         n.run, n.read, n.write = _make_closures(func, leaves, spec, mut_idx, out_shadows, info.n_returns)
-        n.cost = _paged_cost(func, leaves, spec)
+        n.cost = paged_cost(func, leaves, spec)
         n.rows = _copy_rows(func, leaves, spec, out_shadows)
         self.frontier[stream] = (n.index,)
         self.nodes.append(n)
@@ -168,7 +168,7 @@ class Capture:
         return result[0] if info.n_returns == 1 else tuple(result)
 
 
-def _paged_cost(func, leaves, spec):
+def paged_cost(func, leaves, spec):
     """A paged op's duration depends on this replay's sequence lengths, not on its arguments'
     sizes (the cache is far larger than what one step reads): a closure the replay calls with the
     Timing. Which arguments are the cache, the lengths and the output comes from the op's roles

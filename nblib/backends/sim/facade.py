@@ -9,6 +9,7 @@ import torch
 from nblib.backends.sim.allocator import MB, CachingAllocator
 from nblib.backends.sim.arena import Arena, extent
 from nblib.backends.sim.capture import python_stack
+from nblib.backends.sim.eager_timing import EagerTiming, StreamClocks
 from nblib.backends.sim.graph import GraphCtx, SimGraph
 from nblib.backends.sim.rules import violation
 from nblib.backends.sim.streams import SimEvent, SimStream, StreamCtx
@@ -40,9 +41,11 @@ class SimDevice:
         self._cur = self.default_stream
         self._cap = None
         self._cap_stream = None
-        # simulated seconds of GPU work so far: each graph replay adds its span (an event reads it,
-        # so Event.elapsed_time is simulated time); eager ops run on the host and add nothing
-        self.clock = 0.0
+        # simulated seconds of GPU work, per stream: a graph replay occupies its stream for its span,
+        # an eager op for its kernel's modelled time while eager_timing() is on (else nothing), and
+        # an event reads its stream's time, so Event.elapsed_time is simulated time
+        self.streams = StreamClocks()
+        self.replaying = False  # a graph replay is running its nodes (their ops are the replay's)
         self.manual_seed(seed)
 
     # streams and events
@@ -63,10 +66,25 @@ class SimDevice:
         self._cur = s
 
     def synchronize(self):
-        """Replay completes before returning, so there is nothing to wait for; while capturing,
-        CUDA refuses a device-wide synchronize."""
+        """Replay completes before returning, so there is nothing to wait for but the clocks; while
+        capturing, CUDA refuses a device-wide synchronize."""
         if self._cap is not None:
             raise violation(self, "sync", "synchronize() while capturing")
+        self.streams.sync()
+
+    @property
+    def clock(self):
+        """Simulated seconds when all the GPU work queued so far ends."""
+        return self.streams.latest()
+
+    def eager_timing(self):
+        """A block in which each eager kernel occupies its stream for the timing model's duration
+        (nblib.backends.sim.eager_timing), so events around eager work time it, as on a GPU."""
+        return EagerTiming(self)
+
+    def is_capturing(self):
+        """Whether a capture is underway on any stream."""
+        return self._cap is not None
 
     # graphs
     def CUDAGraph(self, keep_graph=False):

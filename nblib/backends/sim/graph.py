@@ -18,8 +18,8 @@ from nblib.core import collector
 class SimGraph:
     """torch.cuda.CUDAGraph's surface: capture_begin/capture_end (or dev.graph), replay, reset, pool.
     After capture: nodes (Node list), syncs (Sync list), pool_id; after each replay,
-    last_schedule (a timing.Schedule: starts, ends in simulated seconds). Each replay advances the
-    device's clock (dev.clock) by its span."""
+    last_schedule (a timing.Schedule: starts, ends in simulated seconds). Each replay occupies the
+    current stream's clock (dev.streams) for its span."""
 
     def __init__(self, dev):
         self.dev = dev
@@ -118,21 +118,30 @@ class SimGraph:
         n = len(self.nodes)
         if n == 0:
             return
+        dev = self.dev
+        dev.replaying = True
+        try:
+            span = self._replay_nodes()
+        finally:
+            dev.replaying = False
+        dev.streams.run(dev.current_stream(), span)
+
+    def _replay_nodes(self):
+        """Run the nodes in simulated-time order; returns the replay's span."""
         if self._serial:  # one stream: the timing model cannot reorder anything
             for f in self._run:
                 f()
-            self.dev.clock += self._serial_seconds()
-            return
+            return self._serial_seconds()
         tm = self.dev.timing
         dur = tm.seconds(self._nbytes)
         for i, cost in self._costs:  # data-dependent kernels: this replay's inputs decide
             dur[i] = cost(tm)
-        dur = (dur * tm.jitter(n, self.dev._rng)).tolist()
+        dur = (dur * tm.jitter(len(self.nodes), self.dev._rng)).tolist()
         sched = schedule(self._deps, dur)
         for _, _, _, f in sorted(self._steps(sched), key=lambda e: e[:3]):
             f()
         self.last_schedule = sched
-        self.dev.clock += max(sched.ends)
+        return max(sched.ends)
 
     def _steps(self, sched):
         """(time, node, part, closure) for one replay. A kernel reads its inputs over its whole run,

@@ -1,5 +1,6 @@
-"""Streams and events. Outside capture they are bookkeeping (eager work runs in program order);
-while capturing, each stream in the capture carries a dependency frontier (the graph nodes its next
+"""Streams and events. Outside capture eager work runs in program order and they keep the streams'
+simulated clocks (dev.streams: a wait makes one stream's next work start after the other's); while
+capturing, each stream in the capture carries a dependency frontier (the graph nodes its next
 node waits for), an event recorded in the capture snapshots its stream's frontier, and a wait
 merges one frontier into another. Every sync is logged as a Sync record for the trace."""
 
@@ -34,6 +35,8 @@ class SimStream:
             cap.syncs.append(Sync("wait_stream", self, other, len(cap.nodes)))
         elif cap is not None and self in cap.frontier:
             raise violation(self.dev, "isolation", f"{self.name}.wait_stream({other.name}) while capturing")
+        elif cap is None:
+            self.dev.streams.wait(self, self.dev.streams.start(other))
 
     def wait_event(self, event):
         cap = self.dev._cap
@@ -47,6 +50,8 @@ class SimStream:
                 )
             # recorded in another capture: as on CUDA, the wait is accepted and the capture broken
             invalidate(self.dev, "merge", f"{self.name} waited on an event recorded in another capture")
+        elif cap is None and event.at is not None:
+            self.dev.streams.wait(self, event.at)
 
     def record_event(self, event=None):
         event = event or SimEvent(self.dev)
@@ -56,6 +61,7 @@ class SimStream:
     def synchronize(self):
         if self._capturing():
             raise violation(self.dev, "sync", f"{self.name}.synchronize() while it captures")
+        self.dev.streams.sync(self)
 
     def query(self):
         if self._capturing():
@@ -75,7 +81,7 @@ class SimEvent:
         self.dev = dev
         self._cap, self._deps = None, ()  # the capture of its latest record (None: eager)
         self._recorded = False  # never recorded: waiting on it waits for nothing, as on CUDA
-        self.at = None  # the device's clock at its latest record outside a capture (simulated seconds)
+        self.at = None  # its stream's clock at its latest record outside a capture (simulated seconds)
 
     def record(self, stream=None):
         stream = stream or self.dev.current_stream()
@@ -86,11 +92,11 @@ class SimEvent:
             cap.syncs.append(Sync("record", stream, self, len(cap.nodes)))
         else:
             self._cap, self._deps = None, ()
-            self.at = self.dev.clock
+            self.at = self.dev.streams.start(stream)
 
     def elapsed_time(self, end):
-        """Milliseconds of simulated GPU time between this event's record and end's (graph replays
-        only: the simulator times nothing else), as torch.cuda.Event.elapsed_time."""
+        """Milliseconds of simulated GPU time between this event's record and end's (graph replays,
+        and eager kernels under dev.eager_timing()), as torch.cuda.Event.elapsed_time."""
         if self.at is None or end.at is None:
             raise RuntimeError("elapsed_time of an event not recorded outside a capture")
         return (end.at - self.at) * 1e3
@@ -103,6 +109,8 @@ class SimEvent:
             raise violation(
                 self.dev, "captured_event", "event.synchronize() on an event recorded in the capture"
             )
+        if self.at is not None:
+            self.dev.streams.host_waits(self.at)
 
     def query(self):
         if self._captured():
