@@ -319,7 +319,8 @@ def test_a_timed_workload_draws_what_the_step_counted_one_does_and_its_durations
 
 def test_on_the_simulator_each_timed_step_moves_the_clock_by_its_replays_span():
     """The step's time is the timing model's span of its graph's replay, which the clock's events
-    read: the replay's own jittered schedule, the reference's replays left out."""
+    read (the replay's own jittered schedule, the reference's replays left out), after the batch's
+    inputs are copied into the graph's buffers: at most 8 small kernels, 4 copies and 4 fills."""
     from models import CANARY
 
     from nblib.engine import build
@@ -332,7 +333,8 @@ def test_on_the_simulator_each_timed_step_moves_the_clock_by_its_replays_span():
     assert all(x > 0 for x in secs)
     last = r["step_log"][-1]
     g = runner.graphs[last["bucket"]][0]
-    assert secs[-1] == pytest.approx(max(g.last_schedule.ends))
+    inputs = secs[-1] - max(g.last_schedule.ends)
+    assert 0 < inputs <= 8 * (runner.dev.timing.latency + 1e-9)
 
 
 def test_build_batch_stores_every_fourth_token_and_takes_a_page_when_full():

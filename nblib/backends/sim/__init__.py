@@ -26,6 +26,8 @@ Modules, bottom to top:
   capture    a TorchDispatchMode: view ops run at once (no memory), every other op is recorded as
              a node with its outputs allocated from the arena; nothing runs
   timing     the replay timing model: per-node durations from bytes moved and a seeded jitter
+  eager_timing  eager kernels on per-stream clocks under the same model (dev.eager_timing()), so
+             events around an eager step time it
   graph      SimGraph and dev.graph: capture begin/end, and replay in simulated-time order (each
              node computes at its end: it reads its inputs over its whole run, as a kernel does)
   facade     SimDevice, with torch.cuda's names

@@ -70,7 +70,7 @@ def op_seconds(timing, func, args, kwargs, out):
             if rng not in seen:
                 seen.add(rng)
                 nbytes += rng[1]
-    return float(timing.seconds(nbytes))
+    return float(timing.seconds(nbytes)) if nbytes else 0.0  # an op on empty tensors launches nothing
 
 
 class EagerTiming(TorchDispatchMode):
