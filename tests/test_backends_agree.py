@@ -35,8 +35,8 @@ def _unmet(reason):
 
 CASES = [
     "canary",
-    pytest.param("campaign", marks=_unmet("sim raises 110/200 vs 51, 11/136 diverged; H200 unchanged, 0/469")),
-    pytest.param("prealloc", marks=_unmet("sim raises 110/200 vs 51, 11/136 diverged; H200 unchanged, 0/469")),
+    pytest.param("campaign", marks=_unmet("sim raises 110/200 vs 51, 11/136 diverged; H200 unchanged 0/469")),
+    pytest.param("prealloc", marks=_unmet("sim raises 110/200 vs 51, 11/136 diverged; H200 unchanged 0/469")),
     pytest.param("main_stash", marks=_unmet("sim raises 110/200 vs 51; H200 unchanged (40/200 vs 44)")),
     "refs",
 ]
