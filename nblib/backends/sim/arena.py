@@ -97,3 +97,10 @@ def extent(t):
     if t.numel() == 0:
         return 0
     return (1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()) if n > 1)) * t.element_size()
+
+
+def bytes_moved(tensors):
+    """What a kernel over these tensors moves, for the timing model: each distinct extent once (the
+    same tensor passed twice is read once)."""
+    extents = {(t.data_ptr(), extent(t)) for t in tensors if t.numel()}
+    return sum(n for _, n in extents)

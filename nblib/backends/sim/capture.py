@@ -19,7 +19,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from kernels.ops import OP_ROLES
 from nblib.backends.sim.allocator import stream_name
-from nblib.backends.sim.arena import extent, layout
+from nblib.backends.sim.arena import bytes_moved, extent, layout
 from nblib.backends.sim.fastops import shortcut
 from nblib.backends.sim.ops import FORBIDDEN, arg, mutated_args, op_info, to_meta
 from nblib.backends.sim.rules import SimCaptureError, violation
@@ -131,18 +131,13 @@ class Capture:
         mut_idx = [
             j for j, x in enumerate(flat) if isinstance(x, torch.Tensor) and any(x is m for m in mut_objs)
         ]
-        leaves, accesses, nbytes, seen = [], [], 0, set()
+        leaves, accesses = [], []
         for j, x in enumerate(flat):
             if isinstance(x, torch.Tensor):
                 sx = arena.shadow(x) if arena.owns(x) else x
                 leaves.append(sx)
-                ext = extent(x)
-                rng = (x.data_ptr(), ext)
                 kind = "w" if j in mut_idx else "r"
-                accesses.append(NodeAccess(x.data_ptr(), ext, kind, f"arg{j}", layout(x)))
-                if rng not in seen:
-                    seen.add(rng)
-                    nbytes += ext
+                accesses.append(NodeAccess(x.data_ptr(), extent(x), kind, f"arg{j}", layout(x)))
             else:
                 leaves.append(x)
         out_shadows = []
@@ -151,7 +146,8 @@ class Capture:
             if o.numel():
                 out_shadows.append((i, arena.shadow(o)))
                 accesses.append(NodeAccess(o.data_ptr(), extent(o), "w", f"out{i}", layout(o)))
-                nbytes += extent(o)
+        tensors = [x for x in flat if isinstance(x, torch.Tensor)] + [outs[i] for i in fresh]
+        nbytes = bytes_moved(tensors)
         n = Node()
         n.index, n.op, n.stream = len(self.nodes), str(func), stream
         n.deps = self.frontier[stream]

@@ -18,7 +18,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 # private API, no public one in torch (optree is the outside library); tests/test_private_api.py
 from torch.utils._pytree import tree_flatten
 
-from nblib.backends.sim.arena import extent
+from nblib.backends.sim.arena import bytes_moved
 from nblib.backends.sim.capture import paged_cost
 from nblib.backends.sim.ops import op_info
 
@@ -35,10 +35,8 @@ class StreamClocks:
         return max(self.now, self.ready.get(stream, 0.0))
 
     def run(self, stream, seconds):
-        """Queue `seconds` of work on `stream`; returns when it ends."""
-        end = self.start(stream) + seconds
-        self.ready[stream] = end
-        return end
+        """Queue `seconds` of work on `stream`."""
+        self.ready[stream] = self.start(stream) + seconds
 
     def wait(self, stream, t):
         """Work queued on `stream` from now on starts no earlier than t."""
@@ -59,17 +57,12 @@ class StreamClocks:
 
 def op_seconds(timing, func, args, kwargs, out):
     """One eager op's kernel under the timing model, without jitter: as a captured node's duration."""
-    cost = paged_cost(func, *tree_flatten((args, kwargs)))
+    leaves, spec = tree_flatten((args, kwargs))
+    cost = paged_cost(func, leaves, spec)
     if cost is not None:
         return float(cost(timing))
-    seen, nbytes = set(), 0
     outs = out if isinstance(out, (list, tuple)) else [out]
-    for x in [*tree_flatten((args, kwargs))[0], *outs]:
-        if isinstance(x, torch.Tensor) and x.numel():
-            rng = (x.data_ptr(), extent(x))
-            if rng not in seen:
-                seen.add(rng)
-                nbytes += rng[1]
+    nbytes = bytes_moved([x for x in [*leaves, *outs] if isinstance(x, torch.Tensor)])
     return float(timing.seconds(nbytes)) if nbytes else 0.0  # an op on empty tensors launches nothing
 
 
