@@ -260,9 +260,7 @@ def test_the_timeline_draws_the_hazard_picked(captures):
 # -- notebook 04 ---------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "method", ["cuda events", "time.perf_counter (the simulator's events carry no timing)"]
-)
+@pytest.mark.parametrize("method", ["cuda events", "simulated events"])
 def test_the_step_times_keep_their_labels_on_the_canvas(method):
     times = [dict(t, method=method) for t in results(RUNS[0], "04_persistent_buffer_fix")["times"]]
     fig = plots.step_times(times)

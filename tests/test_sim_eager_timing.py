@@ -89,3 +89,16 @@ def test_a_timed_workloads_eager_steps_batch_as_its_replays_do(dev):
     mean_bs = {m: sum(s["bs"] for s in log) / len(log) for m, log in steps.items()}
     assert mean_bs["eager"] > 1.5
     assert mean_bs["eager"] == pytest.approx(mean_bs["graph"], rel=0.35)
+
+
+def test_the_instruments_timer_names_the_simulators_time_and_counts_its_eager_kernels(dev):
+    """What notebooks 02 and 04 time on the simulator is labelled as simulated, never as a GPU's,
+    and an instrument's eager work around a replay is part of it."""
+    from nblib.instruments.overhead import timer
+    from nblib.publish import caveats
+
+    method, measure = timer(dev)
+    x, y = torch.ones(N), torch.empty(N)
+    assert measure(lambda: y.copy_(x)) == pytest.approx(1e3 * _copy_seconds(dev, 4 * N))
+    assert not caveats.gpu_time(method)
+    assert caveats.timing_label(method).startswith("simulated")

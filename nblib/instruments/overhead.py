@@ -3,14 +3,13 @@ the differential, with neither.
 
 Each configuration replays one bucket's graph many times on the same filled batch; the time of a
 replay includes the instrument's work around it (checksums and their copy to the host; the eager
-recompute and comparison), as it would in an engine. On CUDA the times come from CUDA events
-(dev.Event(enable_timing=True)); the simulator's events carry no timing, so on sim they are
-time.perf_counter around a replay that completes before returning (host time of the Python model).
+recompute and comparison), as it would in an engine. The times come from events
+(dev.Event(enable_timing=True)): on CUDA the GPU's; on the simulator its timing model's, the replay's
+span and, under dev.eager_timing(), the instrument's eager kernels (modelled kernel time, no launches).
 """
 
 import gc
 import statistics
-import time
 
 from nblib.core import phases
 from nblib.engine import build
@@ -20,36 +19,30 @@ from nblib.instruments.canary import Canary
 from nblib.instruments.canary_graph import GraphedCanary
 from nblib.instruments.gediff import GEDiff
 
+CUDA_EVENTS = "cuda events"  # timer's method on CUDA
+SIM_EVENTS = "simulated events"  # timer's method on the simulator: its timing model's time
+
 
 def timer(dev):
-    """(method, measure(fn) -> ms)."""
-    ev = dev.Event(enable_timing=True)
-    if hasattr(ev, "elapsed_time"):
+    """(method, measure(fn) -> ms): events around fn, its eager kernels timed too (on the simulator
+    they take no modelled time otherwise; on CUDA the GPU times them itself)."""
 
-        def measure(fn):
-            a, b = dev.Event(enable_timing=True), dev.Event(enable_timing=True)
+    def measure(fn):
+        a, b = dev.Event(enable_timing=True), dev.Event(enable_timing=True)
+        with dev.eager_timing():
             a.record()
             fn()
             b.record()
-            b.synchronize()
-            return a.elapsed_time(b)
+        b.synchronize()
+        return a.elapsed_time(b)
 
-        return "cuda events", measure
-
-    def measure(fn):
-        dev.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        dev.synchronize()
-        return 1e3 * (time.perf_counter() - t0)
-
-    return "time.perf_counter (the simulator's events carry no timing)", measure
+    return (CUDA_EVENTS if dev.name == "cuda" else SIM_EVENTS), measure
 
 
 def warmups(dev, warmup, cuda):
     """Untimed calls before the timed ones: `warmup` if given, else `cuda` on CUDA, where clocks
-    and caches settle over the first replays, and one on the simulator, whose host time needs only
-    its first call's allocations out of the way (a warm-up there costs as much as a timed call)."""
+    and caches settle over the first replays, and one on the simulator, whose first call only puts
+    its allocations out of the way (a warm-up there costs the host as much as a timed call)."""
     if warmup is not None:
         return warmup
     return cuda if getattr(dev, "name", "") == "cuda" else 1

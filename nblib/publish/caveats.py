@@ -2,11 +2,11 @@
 
 The CPU simulator runs the same allocator, streams, capture and replay as CUDA, so its rates,
 hazards and divergences are measurements of the simulated mechanism; its times are not. A time the
-simulator reports is either its timing model's (simulated microseconds of one replay) or the host's
-clock running its Python model, which prices Python, not kernels or launches. Figures, verdicts and
+simulator reports is its timing model's: simulated microseconds of the kernels a calibrated model
+gives the replay and the eager work around it, with no launch costs. Figures, verdicts and
 the writeup say which, through these helpers, instead of a sentence written for a GPU."""
 
-GPU_TIMER = "cuda events"  # nblib.instruments.overhead.timer's method on CUDA
+GPU_TIMER = "cuda events"  # nblib.instruments.overhead.CUDA_EVENTS: timer's method on CUDA
 
 
 def gpu_time(method):
@@ -20,7 +20,7 @@ def timing_label(method):
         return "GPU time (CUDA events)"
     if not method:
         return ""
-    return "simulated: the host's clock running the simulator's Python model, not GPU time"
+    return "simulated: the calibrated timing model's kernel times, not a GPU's"
 
 
 def overhead_sentence(cost):
@@ -31,8 +31,8 @@ def overhead_sentence(cost):
     if gpu_time(method):
         return f"Overhead vs plain replay (GPU time, CUDA events): {ratios}."
     return (
-        f"Overhead vs plain replay, simulated (the simulator's host time: it prices Python, not a GPU's "
-        f"kernels or launches): {ratios}."
+        f"Overhead vs plain replay, simulated (the simulator's timing model: modelled kernel times, "
+        f"no launches, not a GPU's): {ratios}."
     )
 
 
@@ -68,7 +68,7 @@ def backend_notes(results):
                 "all",
                 "Measured on the CPU simulator: its caching allocator, streams, events, capture and replay "
                 "are the mechanism's, so rates, hazards and divergences are measurements of it; its replay "
-                "timing is a calibrated model and its host times are Python's, so no time here is a GPU's.",
+                "timing is a calibrated model, so no time here is a GPU's.",
             )
         )
     for name, fn in _NOTES.items():
@@ -102,7 +102,7 @@ def _n02(r):
     cost = r.overhead or []
     if cost and not gpu_time(cost[0]["method"]):
         notes.append(
-            "The overhead ratios are the simulator's host time: they price Python, not kernels or launches."
+            "The overhead ratios are the simulator's timing model: modelled kernel times, no launches."
         )
     return notes
 
@@ -118,7 +118,7 @@ def _n04(r):
     if not unjudged:
         return []
     return [
-        f"{len(unjudged)} speed check(s) not judged: the step times are the simulator's host time, "
+        f"{len(unjudged)} speed check(s) not judged: the step times are the simulator's timing model, "
         f"not a GPU's (the overlap's gain or cost there says nothing of a GPU's)."
     ]
 

@@ -55,7 +55,7 @@ def corruption_heatmap(rows, level="session"):
 
 def step_times(times, variants=None):
     """Decode-step time per bucket, one line per variant (median, quartiles as a band). How the
-    times were taken (CUDA events, or the simulator's host clock) is said under the axis."""
+    times were taken (CUDA events, or the simulator's timing model) is said under the axis."""
     variants = variants or list(dict.fromkeys(t["variant"] for t in times))
     fig, ax = plt.subplots(figsize=(8, 4.4))
     colours = plt.get_cmap("tab10").colors

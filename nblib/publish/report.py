@@ -186,13 +186,13 @@ def _overlap(r3, add):
 
 
 def _speed(r4):
-    """The speed finding; labelled as the simulator's host time (and not judged) where it is."""
+    """The speed finding; labelled as the simulator's timing model (and not judged) where it is."""
     method = (r4.times or [{}])[0].get("method", "")
     judged = "; ".join(f"{c.check}: {c.measured}" for c in r4.checks if "decode step" in c.check)
     text = f"{r4.overlap_story} {judged}".strip()
     if caveats.gpu_time(method):
         return text
-    return f"Not judged: the step times are the simulator's host time, not a GPU's. Measured: {text}"
+    return f"Not judged: the step times are the simulator's timing model, not a GPU's. Measured: {text}"
 
 
 def backend_section(results):

@@ -234,7 +234,7 @@ class FixCheck(BaseModel):
     model_config = FORBID
     check: str
     measured: str
-    holds: bool | None  # None: a speed check on the simulator's host time, not judged
+    holds: bool | None  # None: a speed check on the simulator's timing model, not judged
 
 
 class MicroBatchAudit(BaseModel):

@@ -321,7 +321,7 @@ def speed_checks(speed_rows, fixes=FIXES):
 
 def checks(rows, plan_, reports, speed_rows, fixes=FIXES, gpu_times=True):
     """What the fix must show, checked on the measured data. gpu_times False (the simulator: the
-    times are the Python model's host time): the speed checks are listed with holds None."""
+    times are its timing model's, not a GPU's): the speed checks are listed with holds None."""
     pool = {p["variant"]: p for p in pooled(rows, plan_["pooled_buckets"])}
     out = []
     for f in fixes:
@@ -347,7 +347,7 @@ def checks(rows, plan_, reports, speed_rows, fixes=FIXES, gpu_times=True):
     speed_cks = speed_checks(speed_rows, fixes)
     if not gpu_times:
         for c in speed_cks:
-            c.update(holds=None, measured=c["measured"] + " (simulator host time: not judged)")
+            c.update(holds=None, measured=c["measured"] + " (the simulator's timing model: not judged)")
     return out + speed_cks
 
 
@@ -411,7 +411,7 @@ def verdict(cks, plan_, pool_rows):
     )
     if unjudged:
         tail += (
-            f" ({len(unjudged)} speed check(s) not judged: the simulator's times are the Python "
-            f"model's host time, not a GPU's)"
+            f" ({len(unjudged)} speed check(s) not judged: the simulator's times are its timing "
+            f"model's, not a GPU's)"
         )
     return f"{head}over the same buckets: {fixes}. {tail}."
