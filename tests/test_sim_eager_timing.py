@@ -9,6 +9,7 @@ import torch
 from nblib.backends import device
 from nblib.engine.runner import Runner
 from nblib.engine.workload import WorkloadConfig, run_sessions
+from nblib.instruments.overhead import timer
 
 N = 1 << 20  # fp32 elements: 4 MB a tensor
 
@@ -25,13 +26,8 @@ def _copy_seconds(dev, nbytes_each):
 
 
 def _elapsed(dev, work):
-    start, end = dev.Event(enable_timing=True), dev.Event(enable_timing=True)
-    with dev.eager_timing():
-        start.record()
-        work()
-        end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / 1e3
+    """Seconds between events around `work`, its eager kernels timed (the instruments' timer)."""
+    return timer(dev)[1](work) / 1e3
 
 
 def test_eager_kernels_on_one_stream_add_up(dev):
@@ -94,7 +90,6 @@ def test_a_timed_workloads_eager_steps_batch_as_its_replays_do(dev):
 def test_the_instruments_timer_names_the_simulators_time_and_counts_its_eager_kernels(dev):
     """What notebooks 02 and 04 time on the simulator is labelled as simulated, never as a GPU's,
     and an instrument's eager work around a replay is part of it."""
-    from nblib.instruments.overhead import timer
     from nblib.publish import caveats
 
     method, measure = timer(dev)
