@@ -139,8 +139,7 @@ class Notebook:
         timeout, what the page shows of the kernel and the cells run says where it stopped."""
         from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
-        self.page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
-        self.page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
+        self._start_all()
         try:
             self.page.wait_for_function(
                 """() => [...document.querySelectorAll('.jp-OutputArea-output')].some(e =>
@@ -155,6 +154,25 @@ class Notebook:
                 f"prompts {[p.strip() for p in prompts]}"
             ) from None
         self.page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=60_000)
+
+    def _start_all(self, attempts=3, start_s=60):
+        """Click Run > Run All Cells until a cell has started (its prompt shows * or a number): a click
+        that lands while the menu is still opening runs nothing and leaves the kernel idle."""
+        from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+        for _ in range(attempts):
+            self.page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
+            self.page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
+            try:
+                self.page.wait_for_function(
+                    """() => [...document.querySelectorAll('.jp-InputArea-prompt')].some(e =>
+                         /\\[(\\*|\\d+)\\]/.test(e.innerText))""",
+                    timeout=start_s * 1000,
+                )
+                return
+            except PlaywrightTimeout:
+                self.page.keyboard.press("Escape")
+        raise AssertionError(f"{self.name}: Run All Cells started no cell in {attempts} tries")
 
     def errors(self):
         """The error outputs the page shows (a traceback's first lines each), none when all ran."""
