@@ -9,8 +9,8 @@ Each variant overrides model or workload keys of the profile, or its buckets (`k
 `--runs` seeds from each base seed of `--blocks` (default: the profile's seed): each run's corrupted
 sessions, the pooled rate, the dispersion test, the sessions one corrupted step hit, and each bucket's
 steps and corrupted steps.
-`--designs` then runs notebook 02's arms on the profile itself. Writes OUTDIR/protocol.json and
-OUTDIR/protocol.md, with the commit (NBLIB_COMMIT) and the device.
+`--designs` then runs notebook 02's arms on each variant, from the profile's seed. Writes
+OUTDIR/protocol.json and OUTDIR/protocol.md, with the commit (NBLIB_COMMIT) and the device.
 """
 
 import argparse
@@ -60,6 +60,17 @@ def probe(dev, profile, spec, runs, blocks):
     return rows
 
 
+def designs_of(dev, profile, spec, runs):
+    """Notebook 02's arms on one variant, from the profile's seed: the comparison and its reading."""
+    shapes, work, buckets = variant(profile, spec)
+    t0 = time.perf_counter()
+    r = designs.compare(dev, shapes, buckets, work, protocol.seeds(profile["seed"], runs))
+    text = designs.explain(r).text
+    print(text, flush=True)
+    seconds = round(time.perf_counter() - t0, 1)
+    return dict(variant=spec or "profile", seconds=seconds, comparison=r.model_dump(), explanation=text)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
@@ -76,13 +87,7 @@ def main():
     blocks = a.blocks if a.blocks else [profile["seed"]]
     result["variants"] = [row for v in a.variants for row in probe(dev, profile, v, a.runs, blocks)]
     if a.designs:
-        t0 = time.perf_counter()
-        seeds = protocol.seeds(profile["seed"], a.runs)
-        r = designs.compare(dev, profile["model"], profile["buckets"], profile["workload"], seeds)
-        result["designs"] = r.model_dump()
-        result["designs_seconds"] = round(time.perf_counter() - t0, 1)
-        result["explanation"] = designs.explain(r).text
-        print(result["explanation"], flush=True)
+        result["designs"] = [designs_of(dev, profile, v, a.runs) for v in a.variants]
     write_text(out / "protocol.json", json.dumps(result, indent=1, default=str))
     lines = [f"# Protocol probe at {result['commit']}, {result['device']}, {a.params}", ""]
     for v in result["variants"]:
@@ -97,8 +102,8 @@ def main():
             f"[{100 * p['lo']:.1f}%, {100 * p['hi']:.1f}%]; steps {v['corrupted_steps']}/{v['steps']} "
             f"(by bucket {by_bucket}); dispersion p {v['dispersion_p']:.2g} ({v['seconds']} s)"
         )
-    if a.designs:
-        lines += ["", "## Designs", "", result["explanation"]]
+    for d in result.get("designs", []):
+        lines += ["", f"## Designs, {d['variant']} ({d['seconds']} s)", "", d["explanation"]]
     write_text(out / "protocol.md", "\n".join(lines) + "\n")
 
 

@@ -18,6 +18,7 @@ Two modules call torch.cuda themselves, by design, because they watch torch.cuda
 import contextlib
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from nblib.core import collector
 
@@ -74,6 +75,25 @@ class CudaDevice:
         return distinct_stream(new, torch.cuda.graph, torch.cuda.current_stream)
 
     @staticmethod
+    def bytes_at(addr, nbytes):
+        """The device memory at [addr, addr+nbytes) as a uint8 tensor view (nothing kept alive),
+        through the CUDA array interface torch.as_tensor reads."""
+        return torch.as_tensor(_DeviceBytes(addr, nbytes), device="cuda")
+
+    @staticmethod
+    def serial():
+        """A block in which eager work runs in host order, whatever its streams: the device is
+        synchronized after each op, so no two kernels overlap (an eager reference for the audit)."""
+        return _Serial()
+
+    @staticmethod
+    def spin(seconds):
+        """A kernel that spins for about `seconds` on the current stream (captured into a graph when
+        capturing): the audit's forced schedule, never the suite's runs."""
+        hz = torch.cuda.get_device_properties(torch.cuda.current_device()).clock_rate * 1e3  # kHz
+        torch.cuda._sleep(int(seconds * hz))  # private: torch's own tests use it to delay a stream
+
+    @staticmethod
     def record_stream(t, stream):
         """t.record_stream(stream), spelled the same on both backends (CPU tensors have none)."""
         t.record_stream(stream)
@@ -86,6 +106,22 @@ class CudaDevice:
 
     def memory_snapshot(self):
         return torch.cuda.memory._snapshot()
+
+
+class _DeviceBytes:
+    """Device memory by address, for torch.as_tensor (the CUDA array interface, version 3)."""
+
+    def __init__(self, addr, nbytes):
+        self.__cuda_array_interface__ = dict(
+            data=(addr, False), shape=(nbytes,), typestr="|u1", version=3, strides=None
+        )
+
+
+class _Serial(TorchDispatchMode):
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        torch.cuda.synchronize()
+        return out
 
 
 def distinct_stream(new_stream, graph_cls, current_stream, tries=64):

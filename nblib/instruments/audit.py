@@ -366,16 +366,22 @@ def audit(traces, names=None):
     return rep
 
 
-def audit_capture(fn, *args, device, pool=None, names=None, label=None, keep_graph=False, **kwargs):
+def audit_capture(
+    fn, *args, device, pool=None, names=None, label=None, keep_graph=False, before_op=None, **kwargs
+):
     """Capture fn(*args, **kwargs) on `device` into a new graph and audit it. The report carries
     the graph (report.graph) and what fn returned (report.result); keep_graph=True keeps CUDA's
     graph readable for nblib.instruments.audit_graph's cross-check. If fn raises, nothing is left
     capturing, the current stream is restored, and AuditCaptureError names the user's line, the op,
-    and the capture rule it broke (if it broke one)."""
+    and the capture rule it broke (if it broke one). before_op (CUDA): called with each op's index
+    just before the op is queued (the forced schedule of nblib.instruments.audit_confirm)."""
     dev = device
+    if before_op is not None and dev.name != "cuda":
+        raise ValueError("before_op needs the CUDA recorder: the simulator delays a replay's nodes instead")
     g = dev.CUDAGraph(keep_graph=keep_graph)
     prev = dev.current_stream()
     rec = recording(dev)
+    rec.before_op = before_op
     # warnings raised inside the capture (torch's CUDA warnings from destructors) help name the rule
     with rec, warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -37,6 +37,7 @@ from pathlib import Path
 from nblib.backends import device as devices
 from nblib.backends.sim.rules import RULES
 from nblib.instruments import audit as A
+from nblib.instruments import audit_confirm
 from nblib.instruments.audit_target_records import (
     Failure,
     HazardRecord,
@@ -164,9 +165,13 @@ def device_for(backend="auto"):
         raise TargetError(str(e)) from None
 
 
-def audit(target, backend="auto", label=None, device=None):
+def audit(target, backend="auto", label=None, device=None, confirm=0):
     """Audit a TARGET (`module:function`, `path.py:function`) or a function that builds the step
-    (taking the device facade or nothing). `device` overrides `backend` with a facade you hold."""
+    (taking the device facade or nothing). `device` overrides `backend` with a facade you hold.
+    confirm=N: then force each hazard's losing order N times and compare with eager
+    (nblib.instruments.audit_confirm; on a clean target, each side branch delayed in turn)."""
+    if confirm < 0:
+        raise TargetError(f"--replays must be a positive number of forced replays, got {confirm}")
     t = load(target) if isinstance(target, str) else _wrap(target)
     dev = device if device is not None else device_for(backend)
     if not t.takes_device and dev.name != "cuda":
@@ -188,7 +193,10 @@ def audit(target, backend="auto", label=None, device=None):
             label,
             Failure(stage="build", message=f"{t.spec} returned a {type(step).__name__}, not the step"),
         )
-    return audit_step(step, dev, target=t.spec, label=label)
+    rep = audit_step(step, dev, target=t.spec, label=label)
+    if confirm and rep.status != "failed":
+        rep.add_confirm(audit_confirm.confirm(step, dev, rep, replays=confirm))
+    return rep
 
 
 def _wrap(fn):

@@ -11,6 +11,7 @@ from typing import Literal
 from pydantic import BaseModel, PrivateAttr
 
 from nblib.core.paths import NBLIB
+from nblib.instruments.audit_confirm import ConfirmReport
 from nblib.instruments.trace import stacks
 
 EXIT = {"clean": 0, "hazards": 1, "failed": 2}
@@ -68,6 +69,12 @@ class HazardRecord(BaseModel):
     pairs: int  # access pairs merged into this record
     first: OpRecord  # issued first on the host; the graph may run them in either order
     second: OpRecord
+    # with --confirm: replays with the first op delayed, compared with eager (audit_confirm)
+    confirmed: bool | None = None
+    replays: int | None = None
+    differing: int | None = None
+    max_abs: float | None = None
+    tensor: str | None = None
 
 
 class Failure(BaseModel):
@@ -88,7 +95,15 @@ class TargetReport(BaseModel):
     hazards: list[HazardRecord] = []
     failure: Failure | None = None
     notes: list[str] = []
+    confirm: ConfirmReport | None = None  # with --confirm
     _report: object = PrivateAttr(default=None)
+
+    def add_confirm(self, c: ConfirmReport):
+        """Attach --confirm's checks: each hazard record gets its own."""
+        self.confirm = c
+        for h, k in zip(self.hazards, c.hazards):
+            h.confirmed, h.replays, h.differing = k.confirmed, k.replays, k.differing
+            h.max_abs, h.tensor = k.max_abs, k.tensor
 
     @property
     def exit_code(self):
@@ -218,7 +233,15 @@ def render(rep):
     for i, h in enumerate(rep.hazards, 1):
         lines += _hazard_lines(i, h)
     lines += [f"note: {x}" for x in rep.notes]
+    if rep.confirm is not None:
+        lines += [f"confirm: {x}" for x in rep.confirm.lines()]
     verdict = "clean: no cross-stream race" if not n else f"{n} hazard{'s' * (n != 1)}"
+    if rep.confirm is not None:
+        k = sum(c.confirmed for c in rep.confirm.hazards)
+        if n:
+            verdict += f", {k} confirmed"
+        elif not any(b.confirmed for b in rep.confirm.branches):
+            verdict += ", equal to eager under every forced order"
     return "\n".join([*lines, f"verdict: {verdict} (exit {rep.exit_code})"])
 
 

@@ -3,7 +3,7 @@ python -m nblib cells   (rewrite each notebook's parameters cell from the profil
 python -m nblib sweep --params P --grid params/grids/G.yaml [--workers N | --ray auto|local|ADDRESS]
 python -m nblib publish RUN_DIR|SWEEP_DIR [--out DIR/site] [--check]
 python -m nblib window [--params P] [--out params/local-<gpu>.yaml] [--runs 2] [--depths LO:HI] [--band LO:HI]
-python -m nblib audit TARGET [--backend cuda|sim] [--json] [--label L]   (docs/audit.md; exit 0/1/2)
+python -m nblib audit TARGET [--backend cuda|sim] [--json] [--label L] [--confirm [--replays N]]
 python -m nblib results [--check] [--out docs/results.md]   (the page of committed results)
 python -m nblib stats 9/40 11/40 [--baseline 44/200] [--json]   (the protocol's statistics for your counts)"""
 
@@ -59,6 +59,12 @@ def main(argv=None):
     a.add_argument("--backend", choices=("auto", "cuda", "sim"), default="auto", help="default: cuda if any")
     a.add_argument("--json", action="store_true", help="print the report as JSON")
     a.add_argument("--label", help="the name the report gives the capture (default: TARGET)")
+    a.add_argument(
+        "--confirm",
+        action="store_true",
+        help="replay each hazard with its losing order forced and compare with eager (docs/audit.md)",
+    )
+    a.add_argument("--replays", type=int, default=20, help="forced replays per hazard with --confirm")
     w = sub.add_parser("window", help="the trunk depth where the race is intermittent on this GPU")
     w.add_argument("--params", help="profile to tune (default: params/gpu.yaml with CUDA, else sim.yaml)")
     w.add_argument("--out", help="profile to write (default: params/local-<gpu name>.yaml; local-sim on sim)")
@@ -170,8 +176,12 @@ def _audit(args):
     """Exit 0 clean, 1 a hazard, 2 a failed build or capture, or a bad TARGET (one line, no capture)."""
     from nblib.instruments import audit_target
 
+    if args.replays < 1:
+        print(f"error: --replays must be at least 1, got {args.replays}", file=sys.stderr)
+        sys.exit(2)
     try:
-        rep = audit_target.audit(args.target, args.backend, args.label)
+        confirm = args.replays if args.confirm else 0
+        rep = audit_target.audit(args.target, args.backend, args.label, confirm=confirm)
     except audit_target.TargetError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)

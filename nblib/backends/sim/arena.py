@@ -84,6 +84,15 @@ class Arena:
         return self.find(t.untyped_storage().data_ptr()) is not None
 
 
+def raw_bytes(addr, nbytes):
+    """The process's memory at [addr, addr+nbytes) as a uint8 tensor that owns nothing (arena bytes
+    or a persistent CPU tensor's): the caller keeps the memory alive while it uses the view."""
+    o = _Owner()
+    o.__array_interface__ = dict(data=(addr, False), shape=(nbytes,), typestr="|u1", version=3)
+    o.chunk = None
+    return torch.from_numpy(np.asarray(o))
+
+
 def layout(t):
     """(shape, stride, itemsize) of a tensor whose elements leave gaps in its extent (a strided
     view), None for a dense one: the audit compares gapped accesses element by element."""

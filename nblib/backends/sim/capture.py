@@ -53,6 +53,7 @@ class NodeAccess(NamedTuple):
     kind: str  # "r" | "w"
     what: str  # the argument: "arg2", "out0", ...
     layout: tuple = None  # (shape, stride, itemsize) of a strided view with gaps, else None
+    dtype: torch.dtype = None  # the tensor's element type (the audit's --confirm reads values by it)
 
 
 class Node:
@@ -137,7 +138,7 @@ class Capture:
                 sx = arena.shadow(x) if arena.owns(x) else x
                 leaves.append(sx)
                 kind = "w" if j in mut_idx else "r"
-                accesses.append(NodeAccess(x.data_ptr(), extent(x), kind, f"arg{j}", layout(x)))
+                accesses.append(NodeAccess(x.data_ptr(), extent(x), kind, f"arg{j}", layout(x), x.dtype))
             else:
                 leaves.append(x)
         out_shadows = []
@@ -145,7 +146,7 @@ class Capture:
             o = outs[i]
             if o.numel():
                 out_shadows.append((i, arena.shadow(o)))
-                accesses.append(NodeAccess(o.data_ptr(), extent(o), "w", f"out{i}", layout(o)))
+                accesses.append(NodeAccess(o.data_ptr(), extent(o), "w", f"out{i}", layout(o), o.dtype))
         tensors = [x for x in flat if isinstance(x, torch.Tensor)] + [outs[i] for i in fresh]
         nbytes = bytes_moved(tensors)
         n = Node()

@@ -1,13 +1,14 @@
 """SimDevice: torch.cuda's names over the simulator (streams, events, graphs, the caching
 allocator and the arena behind it), so the model code that calls dev.X runs here as on CUDA."""
 
+import contextlib
 import itertools
 
 import numpy as np
 import torch
 
 from nblib.backends.sim.allocator import MB, CachingAllocator
-from nblib.backends.sim.arena import Arena, extent
+from nblib.backends.sim.arena import Arena, extent, raw_bytes
 from nblib.backends.sim.capture import python_stack
 from nblib.backends.sim.eager_timing import EagerTiming, StreamClocks
 from nblib.backends.sim.graph import GraphCtx, SimGraph
@@ -115,6 +116,17 @@ class SimDevice:
         if meta.storage_offset():
             t = t.as_strided(meta.shape, meta.stride(), meta.storage_offset())
         return t
+
+    @staticmethod
+    def bytes_at(addr, nbytes):
+        """The device memory at [addr, addr+nbytes) as a uint8 tensor view (nothing kept alive)."""
+        return raw_bytes(addr, nbytes)
+
+    @staticmethod
+    def serial():
+        """A block in which eager work runs in host order, whatever its streams: the simulator's
+        eager ops already do."""
+        return contextlib.nullcontext()
 
     def record_stream(self, t, stream):
         """t.record_stream(stream): its block is not reused before the capture ends."""

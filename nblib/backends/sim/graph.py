@@ -112,7 +112,10 @@ class SimGraph:
             dur[i] = cost(tm)
         return max(schedule(self._deps, dur.tolist()).ends, default=0.0)
 
-    def replay(self):
+    def replay(self, delays=None):
+        """Run the graph. delays (node index -> simulated seconds): those nodes start that much later
+        than their dependencies allow, as behind a spin kernel on their stream; the audit's forced
+        schedule (`--confirm`) alone passes it."""
         if not self._ready:
             raise RuntimeError("replay of a graph that was not captured successfully")
         n = len(self.nodes)
@@ -121,14 +124,14 @@ class SimGraph:
         dev = self.dev
         dev.replaying = True
         try:
-            span = self._replay_nodes()
+            span = self._replay_nodes(delays or {})
         finally:
             dev.replaying = False
         dev.streams.run(dev.current_stream(), span)
 
-    def _replay_nodes(self):
+    def _replay_nodes(self, delays):
         """Run the nodes in simulated-time order; returns the replay's span."""
-        if self._serial:  # one stream: the timing model cannot reorder anything
+        if self._serial and not delays:  # one stream: the timing model cannot reorder anything
             for f in self._run:
                 f()
             return self._serial_seconds()
@@ -137,7 +140,7 @@ class SimGraph:
         for i, cost in self._costs:  # data-dependent kernels: this replay's inputs decide
             dur[i] = cost(tm)
         dur = (dur * tm.jitter(len(self.nodes), self.dev._rng)).tolist()
-        sched = schedule(self._deps, dur)
+        sched = schedule(self._deps, dur, delays)
         for _, _, _, f in sorted(self._steps(sched), key=lambda e: e[:3]):
             f()
         self.last_schedule = sched

@@ -71,11 +71,14 @@ class Schedule(NamedTuple):
     ends: list
 
 
-def schedule(deps, durations):
-    """Each node starts when the last of its dependencies (node indices, all earlier) ends."""
+def schedule(deps, durations, delays=None):
+    """Each node starts when the last of its dependencies (node indices, all earlier) ends; a node in
+    `delays` (index -> seconds) starts that much later, as behind a spin kernel queued just before it
+    on its stream (the audit's forced schedule)."""
     n = len(deps)
+    delays = delays or {}
     starts, ends = [0.0] * n, [0.0] * n
     for i, (ds, d) in enumerate(zip(deps, durations)):
-        s = max((ends[j] for j in ds), default=0.0)
+        s = max((ends[j] for j in ds), default=0.0) + delays.get(i, 0.0)
         starts[i], ends[i] = s, s + d
     return Schedule(starts, ends)

@@ -251,6 +251,8 @@ class CudaRecording(Recording):
             return func(*args, **kwargs)
         self._guard += 1
         try:
+            if info.kind != "empty":
+                self._before(cap)
             out = func(*args, **kwargs)
         except Exception as e:
             cap.failed = True
@@ -265,7 +267,15 @@ class CudaRecording(Recording):
             if isinstance(x, torch.Tensor) and x.is_cuda and x.numel():
                 kind = "w" if any(x is m for m in mut) else "r"
                 acc.append(
-                    Access(x.data_ptr(), extent(x), kind, f"arg{j}", cap.live.find(x.data_ptr()), layout(x))
+                    Access(
+                        x.data_ptr(),
+                        extent(x),
+                        kind,
+                        f"arg{j}",
+                        cap.live.find(x.data_ptr()),
+                        layout(x),
+                        x.dtype,
+                    )
                 )
         res = [out] if info.n_returns == 1 else (list(out) if info.n_returns else [])
         for i, src in enumerate(info.returns):
@@ -277,10 +287,16 @@ class CudaRecording(Recording):
                     continue
                 a = _new_alloc(cap, t, stream, stack, func)
                 if t.numel() and info.kind != "empty":
-                    acc.append(Access(t.data_ptr(), extent(t), "w", f"out{i}", a, layout(t)))
+                    acc.append(Access(t.data_ptr(), extent(t), "w", f"out{i}", a, layout(t), t.dtype))
         if info.kind != "empty":
             cap.trace.events.append(op_step(Op(_next_op(cap), op_name(func), stream, stack, acc)))
         return out
+
+    def _before(self, cap):
+        """The forced schedule's hook (nblib.instruments.audit_confirm): called with the index the op
+        about to be queued will have, so a spin kernel can be captured just before it."""
+        if self.before_op is not None:
+            self.before_op(cap.nops)
 
     # -- raw Triton launches --------------------------------------------------------------------
     def _triton_launch(self, metadata):
@@ -290,6 +306,11 @@ class CudaRecording(Recording):
         cap = self._cap
         if cap is None or self._guard or metadata is None:
             return
+        self._guard += 1
+        try:
+            self._before(cap)
+        finally:
+            self._guard -= 1
         data = metadata.get()
         handle = data.get("stream")
         cur = torch.cuda.current_stream()
@@ -300,7 +321,7 @@ class CudaRecording(Recording):
             stream = cap.names(key) if key is not None else f"stream {handle!r}"
         tensors = launch_tensors(data)
         acc = [
-            Access(x.data_ptr(), extent(x), "rw", f"arg{j}", cap.live.find(x.data_ptr()), layout(x))
+            Access(x.data_ptr(), extent(x), "rw", f"arg{j}", cap.live.find(x.data_ptr()), layout(x), x.dtype)
             for j, x in enumerate(tensors)
             if x.is_cuda and x.numel()
         ]

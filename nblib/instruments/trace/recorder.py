@@ -19,6 +19,8 @@ class Recording:
         self._label = {}
         self._analyse = analyse  # (traces, names=) -> report; nblib.instruments.audit.audit
         self._undo = []
+        # CUDA only: called before each op is queued in a capture, with the index it will have
+        self.before_op = None
 
     def __call__(self, bucket=None, **label):
         """rec(bucket) -> a context manager labelling the captures made inside it; pass `rec` as

@@ -51,6 +51,7 @@ class Access:
     what: str  # the argument: "out", "arg2", "self", ...
     alloc: Alloc = None  # the live allocation holding addr, None: persistent memory
     layout: tuple = None  # (shape, stride, itemsize) of a strided view with gaps; None: dense
+    dtype: object = None  # the tensor's torch.dtype, when the recorder saw the tensor
 
     @property
     def writes(self):

@@ -134,7 +134,7 @@ def build(g, trace, start, main):
                 e.alloc.op = op_name(n.op)
         flush_syncs(n.index)
         acc = [
-            Access(a.addr, a.nbytes, a.kind, a.what, live.find(a.addr), a.layout)
+            Access(a.addr, a.nbytes, a.kind, a.what, live.find(a.addr), a.layout, a.dtype)
             for a in n.accesses
             if a.nbytes
         ]

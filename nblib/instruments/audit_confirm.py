@@ -1,0 +1,262 @@
+"""Confirm a hazard by forcing its losing order: `python -m nblib audit TARGET --confirm`.
+
+The audit names two ops that the graph may run in either order. Whether the order matters is a
+question of values, so each hazard is replayed with the order it does not expect forced:
+
+- a delay is queued on the stream of the op issued first, just before that op, long enough that
+  the other op runs first (CUDA: a spin kernel captured into a new capture of the step; the
+  simulator: that node starts later in the replay's schedule, as behind a spin kernel);
+- the bytes the hazard names are filled with a sentinel (0xFF: NaN in every float type) before each
+  forced replay, unless they are persistent state, so a stale read cannot pass for a right one;
+- the persistent state the step writes (every range outside the capture's pool that an op writes)
+  is saved once and restored before each run, so the eager reference and every replay start alike;
+- after each replay, that state and the step's return value are compared with one eager run of the
+  step, in host order (`dev.serial()`), from the same state.
+
+A hazard is confirmed when at least one of its forced replays differs from eager. A target with no
+hazard has each side branch's first op delayed the same way: a fixed form stays equal to eager. The
+same count without any delay (natural replays) comes with it. The forced delay belongs to this
+check alone: no rate the suite reports as the bug's own ever comes from a forced replay.
+"""
+
+import time
+from dataclasses import dataclass
+
+import torch
+from pydantic import BaseModel
+from torch.utils._pytree import tree_flatten
+
+from nblib.instruments import audit as A
+from nblib.instruments.trace import site
+
+__all__ = ["Check", "ConfirmReport", "confirm"]
+
+SENTINEL = 0xFF
+MAX_BRANCHES = 8  # side branches delayed in turn on a target with no hazard
+
+
+class Check(BaseModel):
+    """N replays of the captured step, each compared with the eager reference."""
+
+    delayed: str | None  # the op delayed ('aten::mm (op 3) on side'), None for natural replays
+    delay_us: float = 0.0
+    replays: int
+    differing: int
+    max_abs: float | None = None  # the largest finite |graph - eager| over every replay
+    nonfinite: bool = False  # a replay's value held NaN or inf where eager's did not
+    tensor: str | None = None  # the first value that differed
+
+    @property
+    def confirmed(self):
+        return self.differing > 0
+
+    def sentence(self):
+        if not self.differing:
+            return f"0 of {self.replays} replays differ from eager"
+        diff = f"max |diff| {self.max_abs:.3g}" if self.max_abs is not None else "no finite difference"
+        nan = ", non-finite values (the sentinel or a stale read)" if self.nonfinite else ""
+        n, of = self.differing, self.replays
+        return f"{n} of {of} replays differ from eager ({diff}{nan}; first {self.tensor})"
+
+
+class ConfirmReport(BaseModel):
+    """Every hazard's forced check (in the audit's order), or each side branch's on a clean target,
+    and the natural replays."""
+
+    replays: int
+    natural: Check
+    hazards: list[Check] = []
+    branches: list[Check] = []  # a target with no hazard: each side branch delayed in turn
+    seconds: float = 0.0
+
+    def lines(self):
+        out = [f"natural replays: {self.natural.sentence()}"]
+        for i, c in enumerate(self.hazards, 1):
+            verdict = "confirmed" if c.confirmed else "not confirmed"
+            why = "" if c.confirmed else ": the output does not depend on this order"
+            out.append(f"hazard {i} {verdict}: {c.sentence()} with {c.delayed} delayed{why}")
+        for c in self.branches:
+            out.append(f"forced: {c.delayed} delayed {c.delay_us:.0f} us: {c.sentence()}")
+        return out
+
+
+@dataclass
+class _Range:
+    addr: int
+    nbytes: int
+    dtype: object
+    name: str
+
+
+def persistent_writes(trace):
+    """The ranges outside the capture's pool that the step's ops write (overlapping ones merged),
+    each named by its first writer's line."""
+    writes = [(a, op) for op in trace.ops for a in op.accesses if a.alloc is None and a.writes]
+    spans = sorted(((a.addr, a.addr + a.nbytes, a.dtype, op) for a, op in writes), key=lambda s: s[0])
+    out = []
+    for lo, hi, dtype, op in spans:
+        if out and lo < out[-1].addr + out[-1].nbytes:
+            last = out[-1]
+            last.nbytes = max(last.nbytes, hi - last.addr)
+            continue
+        out.append(_Range(lo, hi - lo, dtype, f"persistent bytes written by {op.name} at {site(op.stack)}"))
+    return out
+
+
+class _State:
+    """The persistent ranges' bytes: saved once, restored before each run, read after it."""
+
+    def __init__(self, dev, ranges):
+        self.dev, self.ranges = dev, ranges
+        self.saved = [dev.bytes_at(r.addr, r.nbytes).clone() for r in ranges]
+
+    def restore(self):
+        for r, b in zip(self.ranges, self.saved):
+            self.dev.bytes_at(r.addr, r.nbytes).copy_(b)
+
+    def values(self, result):
+        """(name, tensor) for the step's return value and every persistent range, copied."""
+        outs = [x for x in tree_flatten(result)[0] if isinstance(x, torch.Tensor)]
+        name = lambda i: f"the step's output {i}" if len(outs) > 1 else "the step's output"  # noqa: E731
+        vals = [(name(i), t.detach().clone()) for i, t in enumerate(outs)]
+        for r in self.ranges:
+            b = self.dev.bytes_at(r.addr, r.nbytes).clone()
+            size = _itemsize(r.dtype)
+            vals.append((r.name, b.view(r.dtype) if size and r.nbytes % size == 0 else b))
+        return vals
+
+
+def _itemsize(dtype):
+    return torch.empty(0, dtype=dtype).element_size() if dtype is not None else 0
+
+
+class _Tally:
+    def __init__(self, replays, delayed=None, delay_s=0.0):
+        self.check = Check(delayed=delayed, delay_us=delay_s * 1e6, replays=replays, differing=0)
+
+    def add(self, got, want):
+        c, differs = self.check, False
+        for (name, g), (_, w) in zip(got, want):
+            if g.shape == w.shape and torch.equal(g, w):
+                continue
+            differs = True
+            c.tensor = c.tensor or name
+            if g.dtype.is_floating_point and g.shape == w.shape:
+                gf, wf = g.double(), w.double()
+                ok = torch.isfinite(gf) & torch.isfinite(wf)
+                c.nonfinite = c.nonfinite or bool((~torch.isfinite(gf) & torch.isfinite(wf)).any())
+                if ok.any():
+                    m = float((gf[ok] - wf[ok]).abs().max())
+                    c.max_abs = m if c.max_abs is None else max(c.max_abs, m)
+        c.differing += differs
+
+
+def confirm(step, dev, report, replays=20):
+    """Force each hazard of `report` (an audit_target.TargetReport of `step` on `dev`) `replays` times
+    and compare with eager; on a target with no hazard, delay each side branch instead."""
+    if replays < 1:
+        raise ValueError(f"replays must be at least 1, got {replays}")
+    t0 = time.perf_counter()
+    rep = report.audit_report
+    trace = rep.traces[0]
+    state = _State(dev, persistent_writes(trace))
+    try:
+        state.restore()
+        with dev.serial():
+            result = step()
+        dev.synchronize()
+        want = state.values(result)
+        force = _Forcing(step, dev, rep)
+        natural = force.run(state, want, replays, None)
+        hazards = [force.run(state, want, replays, h) for h in rep.hazards]
+        heads = [] if rep.hazards else side_branch_heads(trace)[:MAX_BRANCHES]
+        branches = [force.run(state, want, replays, op) for op in heads]
+    finally:
+        state.restore()
+    return ConfirmReport(
+        replays=replays,
+        natural=natural,
+        hazards=hazards,
+        branches=branches,
+        seconds=round(time.perf_counter() - t0, 3),
+    )
+
+
+def side_branch_heads(trace):
+    """The first op of each side-stream branch: on a stream other than the capture's, the stream's
+    first op or the first after a wait."""
+    main = trace.ops[0].stream if trace.ops else None
+    fresh, heads = set(), []
+    for e in trace.events:
+        if e.kind == "wait":
+            fresh.discard(e.stream)
+        elif e.kind == "op":
+            op = e.op
+            if op.stream != main and op.stream not in fresh:
+                heads.append(op)
+            fresh.add(op.stream)
+    return heads
+
+
+class _Forcing:
+    """Replays of the step with one op delayed: the audit's graph on the simulator (the delay is a
+    later start in the replay's schedule), a new capture with a spin kernel before that op on CUDA."""
+
+    def __init__(self, step, dev, rep):
+        self.step, self.dev, self.rep = step, dev, rep
+        self.delay = 2 * self._span() + 50e-6
+
+    def _span(self):
+        g = self.rep.graph
+        if self.dev.name == "sim":
+            return g.expected_seconds()
+        start, end = self.dev.Event(enable_timing=True), self.dev.Event(enable_timing=True)
+        start.record()
+        g.replay()
+        end.record()
+        end.synchronize()
+        return min(start.elapsed_time(end) * 1e-3, 0.01)
+
+    def run(self, state, want, replays, target):
+        """`replays` replays, `target` (a Hazard, an Op, or None) forced; a _Tally's Check."""
+        op = target.first if isinstance(target, A.Hazard) else target
+        delayed = None if op is None else f"{op.name} (op {op.index}) on {op.stream}"
+        tally = _Tally(replays, delayed, self.delay if op is not None else 0.0)
+        g, result, sentinel = self._graph(op, target)
+        for _ in range(replays):
+            state.restore()
+            if sentinel is not None:
+                self.dev.bytes_at(*sentinel).fill_(SENTINEL)
+            if op is not None and self.dev.name == "sim":
+                g.replay(delays={op.index: self.delay})
+            else:
+                g.replay()
+            self.dev.synchronize()
+            tally.add(state.values(result), want)
+        return tally.check
+
+    def _graph(self, op, target):
+        """(graph, its output, the sentinel's (addr, nbytes) or None) for one forced order."""
+        rep = self.rep
+        if op is None or self.dev.name == "sim":
+            return rep.graph, rep.result, _sentinel(target)
+        dev, index, delay = self.dev, op.index, self.delay
+
+        def before(i):
+            if i == index:
+                dev.spin(delay)
+
+        again = A.audit_capture(self.step, device=dev, before_op=before)
+        same = [h for h in again.hazards if isinstance(target, A.Hazard) and _same(h, target)]
+        return again.graph, again.result, _sentinel(same[0] if same else None)
+
+
+def _same(a, b):
+    return (a.first.index, a.second.index, a.kind) == (b.first.index, b.second.index, b.kind)
+
+
+def _sentinel(h):
+    """The hazard's bytes when both sides are the pool's (persistent bytes are restored instead)."""
+    if not isinstance(h, A.Hazard) or h.first_access.alloc is None or h.second_access.alloc is None:
+        return None
+    return h.lo, h.nbytes

@@ -1,0 +1,145 @@
+"""`python -m nblib audit TARGET --confirm` on the simulator: each hazard replayed with its losing order
+forced and compared with an eager run from the same state.
+
+What a right confirm does, checked against targets written here: a hazard whose order changes a value
+is confirmed; a fixed form forced the same way stays equal to eager; a read-before-write in the
+capture's pool is caught only because the hazard's bytes hold a sentinel (every replay writes the same
+value there, so a stale read of the last replay's would pass); persistent state the step updates in
+place is restored before each run and after the check; a hazard whose reader's result is discarded is
+not confirmed. The CUDA form (a spin kernel captured before the delayed op) is in tests/test_gpu_*.
+"""
+
+import json
+
+import pytest
+import torch
+
+from nblib.backends.sim import SimDevice
+from nblib.core.paths import ROOT
+from nblib.instruments import audit_confirm, audit_target
+from nblib.instruments.audit_zoo import CASES
+from nblib.run import cli
+
+DECODE = "examples/audit/decode_step.py"
+N = 4096
+
+
+@pytest.fixture(autouse=True)
+def at_root(monkeypatch):
+    monkeypatch.chdir(ROOT)
+
+
+def confirmed(build, replays=6):
+    dev = SimDevice()
+    step = build(dev)
+    rep = audit_target.audit_step(step, dev)
+    return rep, audit_confirm.confirm(step, dev, rep, replays=replays)
+
+
+def test_the_decode_steps_race_is_confirmed_and_each_fix_stays_equal_to_eager_when_forced():
+    load = lambda name: audit_target.load(f"{DECODE}:{name}").fn  # noqa: E731
+    rep, c = confirmed(load("racy"))
+    assert rep.status == "hazards" and len(c.hazards) == len(rep.hazards) == 2
+    for k in c.hazards:
+        assert k.differing == k.replays == 6 and k.max_abs > 0.1
+        assert k.delayed.startswith("aten::mm") and k.delayed.endswith("on side")  # the side's read of h
+    for fix in ("join_before_free", "record_stream", "persistent_buffer"):
+        rep, c = confirmed(load(fix))
+        assert rep.status == "clean" and c.hazards == []
+        assert c.branches and all(b.differing == 0 and b.delay_us > 0 for b in c.branches), fix
+        assert c.natural.differing == 0
+
+
+def raw_in_pool(dev):
+    """h is written on a side stream and read on main with no wait: a read-after-write on the pool's
+    bytes. Each replay writes h the same value, so without a sentinel a read before the write sees
+    the previous replay's h, which is right."""
+    side, x = dev.Stream(), torch.randn(N, generator=torch.Generator().manual_seed(1))
+    out = torch.zeros(N)
+
+    def step():
+        main = dev.current_stream()
+        side.wait_stream(main)
+        with dev.stream(side):
+            h = x * 2.0
+        out.copy_(h + 1.0)  # main reads h: the wait for side is missing
+        main.wait_stream(side)
+
+    return step
+
+
+def test_a_read_before_the_write_in_the_pool_is_caught_by_the_sentinel():
+    rep, c = confirmed(raw_in_pool)
+    (h,) = rep.hazards
+    assert h.kind == "read-after-write" and not h.first.tensor.persistent
+    (k,) = c.hazards
+    assert k.differing == k.replays and k.nonfinite  # 0xFF bytes: NaN where x * 2 + 1 was expected
+    assert k.tensor.startswith("persistent bytes written by aten::copy_")
+
+
+def accumulate(dev):
+    """A KV-cache-like update in place (cache += x on a side stream, joined): clean, and every run
+    differs from the last unless the state is restored before it."""
+    side = dev.Stream()
+    cache, x = torch.zeros(N), torch.ones(N)
+
+    def step():
+        main = dev.current_stream()
+        side.wait_stream(main)
+        with dev.stream(side):
+            cache.add_(x)
+        main.wait_stream(side)
+        return cache.sum()
+
+    step.cache = cache
+    return step
+
+
+def test_persistent_state_is_restored_before_each_run_and_left_as_it_was():
+    dev = SimDevice()
+    step = accumulate(dev)
+    step.cache.fill_(3.0)
+    rep = audit_target.audit_step(step, dev)
+    c = audit_confirm.confirm(step, dev, rep, replays=5)
+    assert rep.status == "clean"
+    assert c.natural.differing == 0 and all(b.differing == 0 for b in c.branches)
+    assert torch.equal(step.cache, torch.full((N,), 3.0))
+
+
+SINGLE = [c for c in CASES if c.name != "shared_pool_two_captures"]  # two captures: no one step
+HARMLESS = {"fan_in_partial_wait"}  # its readers' results are discarded: no value depends on the order
+
+
+@pytest.mark.parametrize("case", SINGLE, ids=lambda c: c.name)
+def test_every_zoo_race_is_confirmed_unless_its_reads_are_discarded_and_every_twin_stays_equal(case):
+    racy, twin = (confirmed(lambda dev, r=r: case.build(dev, r)[0], replays=3) for r in (True, False))
+    assert racy[0].status == "hazards" and twin[0].status == "clean"
+    forced = [k.differing for k in racy[1].hazards]
+    if case.name in HARMLESS:
+        assert forced and all(d == 0 for d in forced)
+    else:
+        assert any(d == 3 for d in forced), forced
+    assert all(b.differing == 0 for b in twin[1].branches) and twin[1].natural.differing == 0
+
+
+def test_the_cli_reports_each_hazard_confirmed_in_text_and_json(capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["audit", f"{DECODE}:racy", "--backend", "sim", "--confirm", "--replays", "4", "--json"])
+    assert e.value.code == 1
+    out = json.loads(capsys.readouterr().out)
+    for h in out["hazards"]:
+        assert (h["confirmed"], h["replays"], h["differing"]) == (True, 4, 4)
+        assert h["max_abs"] > 0 and h["tensor"]
+    with pytest.raises(SystemExit) as e:
+        cli.main(["audit", f"{DECODE}:racy", "--backend", "sim", "--confirm", "--replays", "3"])
+    text = capsys.readouterr().out
+    assert e.value.code == 1
+    assert text.count("confirmed: 3 of 3 replays differ from eager") == 2
+    assert "2 hazards, 2 confirmed" in text
+
+
+def test_a_bad_replay_count_is_one_line_before_any_capture(capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["audit", f"{DECODE}:racy", "--backend", "sim", "--confirm", "--replays", "0"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1 and "--replays" in err
