@@ -54,8 +54,8 @@ def page(path: Path) -> str:
 def sentences(res: dict) -> list[tuple[str, str]]:
     """(what, sentence) for every conclusion notebook `res` computed: its verdict, and per notebook
     00's protocol and seed-block verdicts, 02's explanation, each design's reason and the campaign
-    design's verdict, 03's graph, CSAN and hazard sentences, 04's overlap story, micro-batch verdict and
-    each check with what it measured."""
+    design's verdict, 03's graph, CSAN, hazard and forced-order sentences, 04's overlap story,
+    micro-batch verdict and each check with what it measured."""
     out = [("verdict", res["verdict"])]
     nb = res["notebook"]
     if nb == "00_reproduce":
@@ -75,6 +75,8 @@ def sentences(res: dict) -> list[tuple[str, str]]:
         out += [("hazard sentence", s) for s in res["hazard_sentences"]]
         if res.get("csan_verdict"):
             out.append(("CSAN verdict", res["csan_verdict"]))
+        if res.get("forced_verdict"):
+            out.append(("forced-order verdict", res["forced_verdict"]))
     elif nb == "04_persistent_buffer_fix":
         out.append(("overlap story", res["overlap_story"]))
         if res.get("micro_batches_verdict"):

@@ -143,3 +143,55 @@ def test_a_bad_replay_count_is_one_line_before_any_capture(capsys):
         cli.main(["audit", f"{DECODE}:racy", "--backend", "sim", "--confirm", "--replays", "0"])
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.count("\n") == 1 and "--replays" in err
+
+
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize(
+    "target",
+    [f"{DECODE}:racy", "examples/audit/dsv4_attention.py:fused", "examples/audit/hf_moe.py:qwen2_moe"],
+)
+def test_on_cuda_every_hazard_of_a_racy_target_is_confirmed_by_a_spin_kernel(target):
+    rep = audit_target.audit(target, backend="cuda", confirm=20)
+    assert rep.status == "hazards" and rep.confirm is not None
+    assert all(h.confirmed and h.differing > 0 for h in rep.hazards), rep.text()
+    assert rep.confirm.seconds < 60  # the budget a target's --confirm may add on the H200
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize(
+    "target",
+    [
+        f"{DECODE}:join_before_free",
+        f"{DECODE}:record_stream",
+        "examples/audit/dsv4_attention.py:unfused",
+        "examples/audit/hf_moe.py:qwen2_moe_record_stream",
+    ],
+)
+def test_on_cuda_a_fixed_form_forced_branch_by_branch_stays_equal_to_eager(target):
+    rep = audit_target.audit(target, backend="cuda", confirm=20)
+    assert rep.status == "clean" and rep.confirm.branches
+    assert all(b.differing == 0 for b in rep.confirm.branches), rep.text()
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("case", SINGLE, ids=lambda c: c.name)
+def test_on_cuda_every_zoo_race_is_confirmed_unless_its_reads_are_discarded(case):
+    from nblib.backends.device import get
+
+    dev = get("cuda")
+    for racy in (True, False):
+        step = case.build(dev, racy)[0]
+        rep = audit_target.audit_step(step, dev)
+        c = audit_confirm.confirm(step, dev, rep, replays=20)
+        if not racy:
+            assert all(b.differing == 0 for b in c.branches)
+        elif case.name in HARMLESS:
+            assert all(k.differing == 0 for k in c.hazards)
+        else:
+            assert any(k.differing > 0 for k in c.hazards), [k.model_dump() for k in c.hazards]

@@ -247,6 +247,10 @@ def test_notebook_02_graph_vs_eager(ci_suite):
     assert index["01_canary"] == index["02_graph_vs_eager"] == "ok"
 
 
+def racy_row(r):
+    return r["index_dtype"] == "bf16" and r["logits_policy"] == "transient" and r["overlap"] == "on"
+
+
 def test_notebook_03_names_the_race_where_it_corrupts_and_nowhere_else(ci_suite):
     res = json.loads((ci_suite / "03_stream_overlap.results.json").read_text())
     assert res["status"] == "ok" and res["backend"] == "sim"
@@ -296,6 +300,14 @@ def test_notebook_03_names_the_race_where_it_corrupts_and_nowhere_else(ci_suite)
     assert res["fixed"]["mode"] == "graph" and sorted(res["fixed"]["logits_policies"]) == sorted(
         LOGITS_POLICIES
     )
+    # every hazard forced: the side's top-k read of the logits, delayed until the MLP has written the
+    # block, changes the step's values in every bucket with a hazard; the verdict is on the page
+    forced = res["forced"]
+    assert {r["bucket"] for r in forced} == {r["bucket"] for r in rows if racy_row(r) and r["hazards"]}
+    topk = [r for r in forced if r["delayed"].startswith("aten::topk")]
+    assert topk and all(r["differing"] > 0 and r["replays"] == 3 for r in topk)
+    verdict = res["forced_verdict"]
+    assert verdict.startswith("Under the forced order") and "aten::topk" in verdict
     w, h = check_figure(ci_suite / "03_timeline.png")  # drawn from a trace results.json does not keep
     assert w > h  # one lane per stream across the page
 

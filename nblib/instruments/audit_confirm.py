@@ -29,7 +29,7 @@ from torch.utils._pytree import tree_flatten
 from nblib.instruments import audit as A
 from nblib.instruments.trace import site
 
-__all__ = ["Check", "ConfirmReport", "confirm"]
+__all__ = ["Captured", "Check", "ConfirmReport", "confirm"]
 
 SENTINEL = 0xFF
 MAX_BRANCHES = 8  # side branches delayed in turn on a target with no hazard
@@ -73,11 +73,30 @@ class ConfirmReport(BaseModel):
         out = [f"natural replays: {self.natural.sentence()}"]
         for i, c in enumerate(self.hazards, 1):
             verdict = "confirmed" if c.confirmed else "not confirmed"
-            why = "" if c.confirmed else ": the output does not depend on this order"
+            why = "" if c.confirmed else ": no value depends on this order (the second op first)"
             out.append(f"hazard {i} {verdict}: {c.sentence()} with {c.delayed} delayed{why}")
         for c in self.branches:
             out.append(f"forced: {c.delayed} delayed {c.delay_us:.0f} us: {c.sentence()}")
         return out
+
+
+@dataclass
+class Captured:
+    """One captured step: its trace, the audit's hazards in it, the graph and its static outputs.
+    recapture(before_op) -> Captured captures the step again with before_op called before each op
+    is queued (CUDA's forced order); None: capture `step` alone (audit.audit_capture)."""
+
+    trace: object
+    hazards: list
+    graph: object
+    result: object
+    recapture: object = None
+
+    @classmethod
+    def of(cls, report):
+        """From an audit_target.TargetReport or the audit.Report of audit.audit_capture."""
+        rep = report.audit_report if hasattr(report, "audit_report") else report
+        return cls(rep.traces[0], rep.hazards, rep.graph, rep.result)
 
 
 @dataclass
@@ -152,13 +171,14 @@ class _Tally:
 
 
 def confirm(step, dev, report, replays=20):
-    """Force each hazard of `report` (an audit_target.TargetReport of `step` on `dev`) `replays` times
-    and compare with eager; on a target with no hazard, delay each side branch instead."""
+    """Force each hazard of `report` (an audit_target.TargetReport of `step` on `dev`, the
+    audit.Report of audit.audit_capture(step), or a Captured) `replays` times and compare with
+    eager; on a target with no hazard, delay each side branch instead."""
     if replays < 1:
         raise ValueError(f"replays must be at least 1, got {replays}")
     t0 = time.perf_counter()
-    rep = report.audit_report
-    trace = rep.traces[0]
+    rep = report if isinstance(report, Captured) else Captured.of(report)
+    trace = rep.trace
     state = _State(dev, persistent_writes(trace))
     try:
         state.restore()
@@ -168,7 +188,11 @@ def confirm(step, dev, report, replays=20):
         want = state.values(result)
         force = _Forcing(step, dev, rep)
         natural = force.run(state, want, replays, None)
-        hazards = [force.run(state, want, replays, h) for h in rep.hazards]
+        groups = {}  # hazards whose first op is the same share one forced schedule
+        for h in rep.hazards:
+            groups.setdefault(h.first.index, []).append(h)
+        checks = {i: force.run(state, want, replays, hs) for i, hs in groups.items()}
+        hazards = [checks[h.first.index] for h in rep.hazards]
         heads = [] if rep.hazards else side_branch_heads(trace)[:MAX_BRANCHES]
         branches = [force.run(state, want, replays, op) for op in heads]
     finally:
@@ -218,15 +242,18 @@ class _Forcing:
         return min(start.elapsed_time(end) * 1e-3, 0.01)
 
     def run(self, state, want, replays, target):
-        """`replays` replays, `target` (a Hazard, an Op, or None) forced; a _Tally's Check."""
-        op = target.first if isinstance(target, A.Hazard) else target
+        """`replays` replays with `target` forced: hazards that share their first op (that op is
+        delayed and all their pool bytes hold the sentinel), an op (a side branch's first), or
+        None (natural replays). A _Tally's Check."""
+        hazards = target if isinstance(target, list) else []
+        op = hazards[0].first if hazards else target
         delayed = None if op is None else f"{op.name} (op {op.index}) on {op.stream}"
         tally = _Tally(replays, delayed, self.delay if op is not None else 0.0)
-        g, result, sentinel = self._graph(op, target)
+        g, result, sentinels = self._graph(op, hazards)
         for _ in range(replays):
             state.restore()
-            if sentinel is not None:
-                self.dev.bytes_at(*sentinel).fill_(SENTINEL)
+            for lo, n in sentinels:
+                self.dev.bytes_at(lo, n).fill_(SENTINEL)
             if op is not None and self.dev.name == "sim":
                 g.replay(delays={op.index: self.delay})
             else:
@@ -235,28 +262,30 @@ class _Forcing:
             tally.add(state.values(result), want)
         return tally.check
 
-    def _graph(self, op, target):
-        """(graph, its output, the sentinel's (addr, nbytes) or None) for one forced order."""
+    def _graph(self, op, hazards):
+        """(graph, its output, the sentinels' (addr, nbytes)) for one forced order."""
         rep = self.rep
         if op is None or self.dev.name == "sim":
-            return rep.graph, rep.result, _sentinel(target)
+            return rep.graph, rep.result, _sentinels(hazards)
         dev, index, delay = self.dev, op.index, self.delay
 
         def before(i):
             if i == index:
                 dev.spin(delay)
 
-        again = A.audit_capture(self.step, device=dev, before_op=before)
-        same = [h for h in again.hazards if isinstance(target, A.Hazard) and _same(h, target)]
-        return again.graph, again.result, _sentinel(same[0] if same else None)
+        if rep.recapture is not None:
+            again = rep.recapture(before)
+        else:
+            again = Captured.of(A.audit_capture(self.step, device=dev, before_op=before))
+        same = [h for h in again.hazards if any(_same(h, x) for x in hazards)]
+        return again.graph, again.result, _sentinels(same)
 
 
 def _same(a, b):
     return (a.first.index, a.second.index, a.kind) == (b.first.index, b.second.index, b.kind)
 
 
-def _sentinel(h):
-    """The hazard's bytes when both sides are the pool's (persistent bytes are restored instead)."""
-    if not isinstance(h, A.Hazard) or h.first_access.alloc is None or h.second_access.alloc is None:
-        return None
-    return h.lo, h.nbytes
+def _sentinels(hazards):
+    """Each hazard's bytes whose both sides are the pool's (persistent bytes are restored instead)."""
+    pool = {(h.lo, h.nbytes) for h in hazards if h.first_access.alloc and h.second_access.alloc}
+    return sorted(pool)

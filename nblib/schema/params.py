@@ -130,6 +130,9 @@ class Profile(BaseModel):
     fix_target: float = Field(
         0.05, gt=0, lt=1, description="the fix's 95% upper bound on its rate must fall below this"
     )
+    confirm_replays: int = Field(
+        20, ge=1, description="forced replays per hazard (notebook 03: the audit's --confirm on each bucket)"
+    )
     timing_replays: int = Field(20, ge=2, description="timed replays per bucket and variant")
     timing_ctx: int = Field(
         0, ge=0, description="entries a request in the timed full batches; 0: half the longest context"
@@ -166,7 +169,7 @@ DECLARES = {
     ),
     "01_canary": (*_RUN, "overlaps", "logits_policy", *_NB),
     "02_graph_vs_eager": (*_RUN, "logits_policy", "protocol_runs", "replays", "timing_ctx", *_NB),
-    "03_stream_overlap": (*_RUN, "index_dtypes", "overlaps", "logits_policy", *_NB),
+    "03_stream_overlap": (*_RUN, "index_dtypes", "overlaps", "logits_policy", "confirm_replays", *_NB),
     "04_persistent_buffer_fix": (*_RUN, "index_dtypes", "fix_target", "timing_replays", "timing_ctx", *_NB),
     "05_report": ("backend", *_NB),
     "06_audit_your_engine": ("backend", "seed", *_NB),

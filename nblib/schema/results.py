@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, model_validator
 from nblib.core.phases import PhaseTime
 from nblib.studies import designs as D
 from nblib.studies import engines as E
+from nblib.studies import forced as F
 from nblib.studies import protocol as P
 
 __all__ = [
@@ -194,13 +195,21 @@ class OverlapHazard(BaseModel):
 class Overlap03(ResultsFile):
     # csan_verdict: written on CUDA only (CSAN needs it); csan is None on the simulator;
     # hazard_sentences: absent from results written before the notebook stored them
-    OLDER: ClassVar[frozenset[str]] = ResultsFile.OLDER | {"csan_verdict", "hazard_sentences"}
+    # forced, forced_verdict: absent from results written before the forced order was run
+    OLDER: ClassVar[frozenset[str]] = ResultsFile.OLDER | {
+        "csan_verdict",
+        "hazard_sentences",
+        "forced",
+        "forced_verdict",
+    }
 
     notebook: Literal["03_stream_overlap"]
     transient_rows_from: str | None = None
     toggles: list[Row] | None = None
     hazards: list[OverlapHazard] | None = None
     hazard_sentences: list[str] | None = None  # one per racy configuration: its first hazard
+    forced: list[F.ForcedRow] | None = None  # each hazard under the forced order (audit_confirm)
+    forced_verdict: str | None = None
     graph_check: list[Row] | None = None
     zoo: list[Row] | None = None
     graph_verdict: str | None = None

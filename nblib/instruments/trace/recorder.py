@@ -29,6 +29,11 @@ class Recording:
             label = dict(bucket=bucket, **label)
         return self._labelled(label)
 
+    @property
+    def label(self):
+        """The labels of the captures made now (inside rec(...) blocks), e.g. {"bucket": 8}."""
+        return dict(self._label)
+
     @contextlib.contextmanager
     def _labelled(self, label):
         prev, self._label = self._label, {**self._label, **label}
