@@ -70,6 +70,8 @@ def sentences(res: dict) -> list[tuple[str, str]]:
             out.append(("recommended", why["recommended"]))
         if res.get("campaign_verdict"):
             out.append(("campaign verdict", res["campaign_verdict"]))
+        if res.get("forced_verdict"):
+            out.append(("forced-order verdict", res["forced_verdict"]))
     elif nb == "03_stream_overlap":
         out.append(("graph verdict", res["graph_verdict"]))
         out += [("hazard sentence", s) for s in res["hazard_sentences"]]

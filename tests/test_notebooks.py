@@ -194,6 +194,20 @@ def test_notebook_01_canary(ci_suite):
     assert clean and all(r["live_overwrites"] == r["free_page_writes"] == 0 for r in clean)
 
 
+def test_notebook_02_separates_timing_from_a_race_taken_away_under_the_forced_order(ci_suite):
+    res = json.loads((ci_suite / "02_graph_vs_eager.results.json").read_text())
+    forced = {r["design"]: r for r in res["forced"]}
+    assert list(forced) == ["off", "canary", "campaign", "prealloc", "main_stash", "refs"]
+    racy = sorted({h["bucket"] for a in [res["off"]] for h in a["buckets"] if h["hazards"]})
+    assert all(r["buckets"] == racy for r in forced.values())  # off's hazard buckets, every arm
+    assert forced["off"]["differing"] > 0 and forced["off"]["hazards"] == res["off"]["hazards"]
+    # refs keeps the logits alive until the join: no hazard left, its branches forced stay equal
+    assert forced["refs"]["hazards"] == 0 and forced["refs"]["differing"] == 0 and forced["refs"]["schedules"]
+    # the copying designs leave the race in their graphs: forced, they corrupt like off
+    assert all(forced[d]["differing"] > 0 for d in ("campaign", "prealloc", "main_stash"))
+    assert "refs stays equal to eager" in res["forced_verdict"]
+
+
 def test_notebook_02_graph_vs_eager(ci_suite):
     res = json.loads((ci_suite / "02_graph_vs_eager.results.json").read_text())
     assert res["status"] == "ok"

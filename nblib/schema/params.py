@@ -131,7 +131,7 @@ class Profile(BaseModel):
         0.05, gt=0, lt=1, description="the fix's 95% upper bound on its rate must fall below this"
     )
     confirm_replays: int = Field(
-        20, ge=1, description="forced replays per hazard (notebook 03: the audit's --confirm on each bucket)"
+        20, ge=1, description="forced replays per schedule (notebooks 02 and 03: the audit's --confirm)"
     )
     timing_replays: int = Field(20, ge=2, description="timed replays per bucket and variant")
     timing_ctx: int = Field(
@@ -168,7 +168,15 @@ DECLARES = {
         *_NB,
     ),
     "01_canary": (*_RUN, "overlaps", "logits_policy", *_NB),
-    "02_graph_vs_eager": (*_RUN, "logits_policy", "protocol_runs", "replays", "timing_ctx", *_NB),
+    "02_graph_vs_eager": (
+        *_RUN,
+        "logits_policy",
+        "protocol_runs",
+        "replays",
+        "timing_ctx",
+        "confirm_replays",
+        *_NB,
+    ),
     "03_stream_overlap": (*_RUN, "index_dtypes", "overlaps", "logits_policy", "confirm_replays", *_NB),
     "04_persistent_buffer_fix": (*_RUN, "index_dtypes", "fix_target", "timing_replays", "timing_ctx", *_NB),
     "05_report": ("backend", *_NB),

@@ -149,7 +149,9 @@ class MechanismRow(D.Mechanism):
 
 
 class GraphVsEager02(ResultsFile):
-    OLDER: ClassVar[frozenset[str]] = ResultsFile.OLDER | {"campaign_verdict", "bucket_table"}
+    OLDER: ClassVar[frozenset[str]] = ResultsFile.OLDER | {
+        "campaign_verdict", "bucket_table", "forced", "forced_verdict"
+    }  # fmt: skip
     notebook: Literal["02_graph_vs_eager"]
     off: D.Arm | None = None
     designs: list[D.Arm] | None = None
@@ -158,6 +160,8 @@ class GraphVsEager02(ResultsFile):
     explanation: D.Explanation | None = None
     campaign_verdict: str | None = None  # None: the campaign's design was not among the arms
     bucket_table: list[Row] | None = None
+    forced: list[Row] | None = None  # per arm: its captures under the forced order (studies.forced)
+    forced_verdict: str | None = None
     recommended: str | None = None
     signature: list[str] | None = None
     sessions_needed: list[SessionsNeeded] | None = None

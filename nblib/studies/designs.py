@@ -35,6 +35,7 @@ from nblib.instruments.gediff import DESIGNS, GEDiff
 from nblib.instruments.overhead import timed, timer, warmups
 from nblib.studies import protocol
 from nblib.studies.design_evidence import Explanation, Finding, campaign_sentence, explain, verdict
+from nblib.studies.forced import ForcedArm, arm_check
 
 __all__ = [
     "ARMS", "COLUMNS", "Arm", "Designs", "Explanation", "Finding", "Mechanism", "branch_ms",
@@ -101,6 +102,7 @@ class Arm(BaseModel):
     bucket_steps: list[protocol.BucketSteps] = []  # pooled over the runs: where the engine replayed
     kept_bytes: int = 0  # summed over buckets
     mechanism: str | None = None  # what carries its effect against off (design_evidence.MECHANISMS)
+    forced: ForcedArm | None = None  # its captures under the forced order (forced_replays > 0)
     lines: list[str] = Field(default_factory=list, exclude=True)  # one log line per comparison
 
 
@@ -194,10 +196,13 @@ def _mechanisms(dev, m, report, buckets, replays, seed, ctx):
     return out, method
 
 
-def run_arm(dev, shapes, buckets, workload, arm, seeds, knobs, replays=20, progress=print, ctx=None):
+def run_arm(
+    dev, shapes, buckets, workload, arm, seeds, knobs, replays=20, progress=print, ctx=None, forced_in=None
+):
     """One arm: capture every bucket once under the audit, run the protocol on those graphs, then
-    measure the branches on full batches of `ctx` entries a request (branch_ms). Returns
-    (protocol.Protocol, differential or None, mechanisms, method)."""
+    measure the branches on full batches of `ctx` entries a request (branch_ms). forced_in:
+    (buckets, replays) to replay under the forced order (forced.arm_check), None: none. Returns
+    (protocol.Protocol, differential or None, mechanisms, method, forced.ForcedArm or None)."""
     m = build.model(dev, shapes, **knobs)
     gd = GEDiff(m, design=arm) if arm in DESIGNS else None
     with audit.recording(dev) as rec:
@@ -207,7 +212,12 @@ def run_arm(dev, shapes, buckets, workload, arm, seeds, knobs, replays=20, progr
     proto = protocol.run(runner, workload, seeds, _instruments(arm, m, gd), progress, label=f"{arm}: ")
     with phases.phase("timing"):
         mech, method = _mechanisms(dev, m, report, buckets, replays, seeds[0], ctx)
-    return proto, gd, mech, method
+    held = None
+    if forced_in is not None:
+        where = forced_in[0] if forced_in[0] is not None else sorted({h.bucket for h in report.hazards})
+        with phases.phase("audit"):
+            held = arm_check(dev, m, runner, report, where, ctx or 2048, forced_in[1])
+    return proto, gd, mech, method, held
 
 
 def _arm(name, proto, gd, mech, off, planted):
@@ -244,20 +254,35 @@ def _arm(name, proto, gd, mech, off, planted):
 
 
 def compare(
-    dev, shapes, buckets, workload, seeds, arms=ARMS, knobs=None, replays=20, progress=print, ctx=None
+    dev,
+    shapes,
+    buckets,
+    workload,
+    seeds,
+    arms=ARMS,
+    knobs=None,
+    replays=20,
+    progress=print,
+    ctx=None,
+    forced_replays=0,
 ):
     """Every arm on the protocol; the differential designs also get the planted check (at the
     largest bucket). knobs: index_dtype, overlap, logits_policy (default bf16, on, transient).
-    ctx: entries a request in the batches the branches are measured on (branch_ms)."""
+    ctx: entries a request in the batches the branches are measured on (branch_ms).
+    forced_replays > 0: each arm also replayed under the forced order in the buckets where off's
+    capture has a hazard (Arm.forced)."""
     arms = check_arms(arms)
     knobs = dict(dict(index_dtype="bf16", overlap="on", logits_policy="transient"), **(knobs or {}))
     out, off, method = [], None, ""
     for name in ["off"] + [a for a in arms if a != "off"]:
-        proto, gd, mech, method = run_arm(
-            dev, shapes, buckets, workload, name, seeds, knobs, replays, progress, ctx
-        )
+        where = None if off is None else off.forced.buckets if off.forced else None
+        proto, gd, mech, method, held = run_arm(
+            dev, shapes, buckets, workload, name, seeds, knobs, replays, progress, ctx,
+            forced_in=(where, forced_replays) if forced_replays else None,
+        )  # fmt: skip
         planted = planted_caught(dev, shapes, knobs, name, max(buckets)) if name in DESIGNS else None
         arm = _arm(name, proto, gd, mech, off, planted)
+        arm.forced = held
         off = off or arm
         out.append(arm)
         if progress:

@@ -12,7 +12,15 @@ from nblib.engine.runner import Runner
 from nblib.engine.workload import WorkloadConfig
 from nblib.instruments import audit, audit_confirm
 
-__all__ = ["ForcedRow", "confirm_buckets", "describe", "longest_ctx"]
+__all__ = [
+    "ForcedArm",
+    "ForcedRow",
+    "arm_check",
+    "arms_verdict",
+    "confirm_buckets",
+    "describe",
+    "longest_ctx",
+]
 
 
 class ForcedRow(BaseModel):
@@ -87,6 +95,79 @@ def confirm_buckets(dev, shapes, buckets, knobs, ctx, replays) -> list[ForcedRow
             c = audit_confirm.confirm(step, dev, captured, replays=replays)
         rows += [_row(b, h, k, c.natural.differing) for h, k in zip(captured.hazards, c.hazards)]
     return rows
+
+
+class ForcedArm(BaseModel):
+    """Notebook 02: one design's captures under the forced order, in the buckets where off's capture
+    has a hazard: the schedules forced (each hazard group's first op delayed, or, with no hazard
+    left, each side branch's first op), their replays, and how many differed from eager."""
+
+    buckets: list[int]
+    hazards: int  # the design's own hazards in those buckets
+    schedules: int
+    replays: int
+    differing: int
+
+    @property
+    def corrupts(self):
+        return self.differing > 0
+
+
+def arm_check(dev, m, runner, report, buckets, ctx, replays) -> ForcedArm:
+    """The forced order on a design's runner (captured under the recorder: report), bucket by bucket,
+    on full batches of `ctx` entries a request (the runner's static batches are refilled)."""
+    hazards = schedules = total = differing = 0
+    for b in buckets:
+        st = runner.static[b]
+        st.fill(*build.full_batch(m, b, ctx=ctx))
+
+        def step(st=st):
+            return m.step(*st.args())
+
+        captured = _bucket(report, runner, b)
+        c = audit_confirm.confirm(step, dev, captured, replays=replays)
+        checks = list({k.delayed: k for k in c.hazards}.values()) + c.branches
+        hazards += len(captured.hazards)
+        schedules += len(checks)
+        total += sum(k.replays for k in checks)
+        differing += sum(k.differing for k in checks)
+    return ForcedArm(
+        buckets=list(buckets), hazards=hazards, schedules=schedules, replays=total, differing=differing
+    )
+
+
+def arms_verdict(arms):
+    """One paragraph: under the forced order, which designs corrupt like the arm without instrument
+    (what they did to the rate was timing, the race still there) and which do not (layout or
+    lifetime took the race away). arms: (design, ForcedArm) pairs, off first."""
+    arms = [(d, f) for d, f in arms if f is not None]
+    if not arms or arms[0][0] != "off":
+        return ""
+    off = arms[0][1]
+    where = ", ".join(map(str, off.buckets)) or "none"
+    head = (
+        f"Under the forced order (buckets {where}: each hazard's first op delayed past the other, or "
+        f"each side branch's first op where a design left no hazard), off differs from eager in "
+        f"{off.differing} of {off.replays} replays."
+    )
+    if not off.corrupts:
+        return head + " The forced order does not corrupt off, so it separates no mechanism here."
+    like = [d for d, f in arms[1:] if f.corrupts]
+    not_ = [d for d, f in arms[1:] if not f.corrupts]
+    s = head
+    if like:
+        one = len(like) == 1
+        s += (
+            f" {', '.join(like)} corrupt{'s' * one} like off: the race is still in "
+            f"{'its' if one else 'their'} graphs, so a change in {'its' if one else 'their'} rate can only "
+            "come from timing."
+        )
+    if not_:
+        s += (
+            f" {', '.join(not_)} stay{'s' * (len(not_) == 1)} equal to eager: the race is gone from "
+            f"{'its' if len(not_) == 1 else 'their'} graphs (layout or lifetime), not merely less likely."
+        )
+    return s
 
 
 def _row(bucket, h, k, natural):
