@@ -344,7 +344,7 @@ def test_kept_bytes_count_the_blocks_a_design_holds_past_the_capture():
                                            out_min=1, out_max=2, think_min=1, think_max=1)  # fmt: skip
     knobs, kept = dict(index_dtype="bf16", overlap="on", logits_policy="transient"), {}
     for arm in ("off", "campaign", "prealloc", "refs"):
-        _, _, mech, _ = designs.run_arm(
+        _, _, mech, _, _ = designs.run_arm(
             dev, shapes, [BUCKET], work, arm, [0], knobs, replays=1, progress=None
         )
         kept[arm] = mech[0].kept_bytes

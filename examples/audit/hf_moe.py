@@ -26,6 +26,8 @@ the device facade `dev` (nblib.backends.device), so the same code runs on CUDA a
 
 import torch
 
+from nblib.instruments.probes import probe
+
 FORMS = ("buggy", "record_stream", "hold_until_join")
 BATCH, CACHE_LEN, POSITION = 4, 32, 7
 SMALL = dict(vocab_size=256, hidden_size=64, num_hidden_layers=2, num_attention_heads=4)
@@ -89,8 +91,8 @@ class SharedExpertOverlap:
     """One decoder layer's forward with the shared expert on a side stream; `form` picks the race
     ("buggy") or one of its fixes. Everything it calls is the library's module."""
 
-    def __init__(self, layer, dev, side, form):
-        self.layer, self.dev, self.side, self.form = layer, dev, side, form
+    def __init__(self, layer, dev, side, form, name="layer"):
+        self.layer, self.dev, self.side, self.form, self.name = layer, dev, side, form, name
 
     def forward(self, hidden_states, **kwargs):
         layer, dev, side = self.layer, self.dev, self.side
@@ -104,7 +106,8 @@ class SharedExpertOverlap:
         main = dev.current_stream()
         side.wait_stream(main)
         with dev.stream(side):
-            shared = shared_expert(layer.mlp, hidden_states)  # the side stream reads the normed states
+            # the side stream reads the normed states; probe(): a no-op unless a differential runs
+            shared = shared_expert(layer.mlp, probe(f"{self.name}.shared_expert.in", hidden_states))
         held = None
         if self.form == "record_stream":
             dev.record_stream(hidden_states, side)  # the allocator waits for side before reusing it
@@ -132,8 +135,8 @@ class DecodeStep:
         cfg = CONFIGS[model]()
         self.model = AutoModelForCausalLM.from_config(cfg, dtype=dtype).to(dev.torch_device).eval()
         self.side = dev.Stream()
-        for layer in self.model.model.layers:
-            layer.forward = SharedExpertOverlap(layer, dev, self.side, form).forward
+        for i, layer in enumerate(self.model.model.layers):
+            layer.forward = SharedExpertOverlap(layer, dev, self.side, form, f"layer{i}").forward
         self.cache = StaticCache(config=cfg, max_cache_len=CACHE_LEN) if cache else None
         on = dict(device=dev.torch_device)
         self.input_ids = torch.randint(0, cfg.vocab_size, (BATCH, 1), **on)

@@ -21,6 +21,7 @@ check alone: no rate the suite reports as the bug's own ever comes from a forced
 
 import time
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from pydantic import BaseModel
@@ -29,7 +30,16 @@ from torch.utils._pytree import tree_flatten
 from nblib.instruments import audit as A
 from nblib.instruments.trace import site
 
-__all__ = ["Captured", "Check", "ConfirmReport", "confirm"]
+__all__ = [
+    "Captured",
+    "Check",
+    "ConfirmReport",
+    "Difference",
+    "StepState",
+    "confirm",
+    "differences",
+    "persistent_writes",
+]
 
 SENTINEL = 0xFF
 MAX_BRANCHES = 8  # side branches delayed in turn on a target with no hazard
@@ -122,7 +132,7 @@ def persistent_writes(trace):
     return out
 
 
-class _State:
+class StepState:
     """The persistent ranges' bytes: saved once, restored before each run, read after it."""
 
     def __init__(self, dev, ranges):
@@ -149,25 +159,43 @@ def _itemsize(dtype):
     return torch.empty(0, dtype=dtype).element_size() if dtype is not None else 0
 
 
+class Difference(NamedTuple):
+    """One value that differs from its reference: max_abs over the finite elements of a float
+    value (None: none finite, or not a float), nonfinite: NaN or inf where the reference had none."""
+
+    name: str
+    max_abs: float | None
+    nonfinite: bool
+
+
+def differences(got, want):
+    """The values of `got` ((name, tensor) pairs) that differ from `want`'s, bit for bit, in order."""
+    out = []
+    for (name, g), (_, w) in zip(got, want):
+        if g.shape == w.shape and torch.equal(g, w):
+            continue
+        m, bad = None, False
+        if g.dtype.is_floating_point and g.shape == w.shape:
+            gf, wf = g.double(), w.double()
+            ok = torch.isfinite(gf) & torch.isfinite(wf)
+            bad = bool((~torch.isfinite(gf) & torch.isfinite(wf)).any())
+            m = float((gf[ok] - wf[ok]).abs().max()) if ok.any() else None
+        out.append(Difference(name, m, bad))
+    return out
+
+
 class _Tally:
     def __init__(self, replays, delayed=None, delay_s=0.0):
         self.check = Check(delayed=delayed, delay_us=delay_s * 1e6, replays=replays, differing=0)
 
     def add(self, got, want):
-        c, differs = self.check, False
-        for (name, g), (_, w) in zip(got, want):
-            if g.shape == w.shape and torch.equal(g, w):
-                continue
-            differs = True
-            c.tensor = c.tensor or name
-            if g.dtype.is_floating_point and g.shape == w.shape:
-                gf, wf = g.double(), w.double()
-                ok = torch.isfinite(gf) & torch.isfinite(wf)
-                c.nonfinite = c.nonfinite or bool((~torch.isfinite(gf) & torch.isfinite(wf)).any())
-                if ok.any():
-                    m = float((gf[ok] - wf[ok]).abs().max())
-                    c.max_abs = m if c.max_abs is None else max(c.max_abs, m)
-        c.differing += differs
+        c, diffs = self.check, differences(got, want)
+        for d in diffs:
+            c.tensor = c.tensor or d.name
+            c.nonfinite = c.nonfinite or d.nonfinite
+            if d.max_abs is not None:
+                c.max_abs = d.max_abs if c.max_abs is None else max(c.max_abs, d.max_abs)
+        c.differing += bool(diffs)
 
 
 def confirm(step, dev, report, replays=20):
@@ -179,7 +207,7 @@ def confirm(step, dev, report, replays=20):
     t0 = time.perf_counter()
     rep = report if isinstance(report, Captured) else Captured.of(report)
     trace = rep.trace
-    state = _State(dev, persistent_writes(trace))
+    state = StepState(dev, persistent_writes(trace))
     try:
         state.restore()
         with dev.serial():
