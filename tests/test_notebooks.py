@@ -362,11 +362,27 @@ def test_results_record_the_parameters_applied_after_defaults(ci_suite):
     assert json.loads((ci_suite / "00_reproduce.results.json").read_text())["params"]["workload"]["out_tol"]
 
 
+def test_notebook_07_names_proves_watches_and_fixes_the_race_in_code_written_elsewhere(ci_suite):
+    res = json.loads((ci_suite / "07_method_on_your_engine.results.json").read_text())
+    assert res["status"] == "ok" and res["design"] == "main_stash"
+    rows = {(r["model"], r["form"]): r for r in res["rows"]}
+    assert set(rows) == {(m, f) for m in ("qwen2_moe", "deepseek_v3") for f in ("buggy", "record_stream")}
+    n = res["params"]["confirm_replays"]
+    for m in ("qwen2_moe", "deepseek_v3"):
+        bug, fix = rows[(m, "buggy")], rows[(m, "record_stream")]
+        assert bug["hazards"] > 0 and bug["confirmed"] == bug["hazards"]  # every hazard proved
+        done, of = map(int, bug["forced"].split("/"))
+        assert done == of and of % n == 0  # every forced replay differed from eager
+        assert fix["hazards"] == 0 and fix["forced"].startswith("0/") and fix["natural"] == f"0/{n}"
+    assert "confirm: hazard 1 confirmed" in res["confirm_report"]
+    assert "The fix (record_stream): no hazard" in res["verdict"]
+
+
 def test_lanes_keep_03_after_00_and_leave_05_for_last():
     nbs = list(suite.NOTEBOOKS)
     plan = suite.lane_plan(nbs, 2)
     assert plan == [
-        ["00_reproduce", "03_stream_overlap"],
+        ["00_reproduce", "03_stream_overlap", "07_method_on_your_engine"],
         ["01_canary", "02_graph_vs_eager", "04_persistent_buffer_fix", "06_audit_your_engine"],
     ]
     assert suite.lane_plan(nbs, 1) == [] and suite.lane_plan(nbs, 8) == plan  # more lanes than LANES

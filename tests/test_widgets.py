@@ -16,7 +16,7 @@ from nblib.instruments import canary
 from nblib.lab import pagemap, widgets
 from nblib.lab.panel import Panel
 from nblib.schema import params as P
-from nblib.studies import designs, reproduce
+from nblib.studies import designs, method, reproduce
 
 CI = P.load(P.ROOT / "params" / "ci.yaml")
 MODEL, BUCKETS = CI["model"], [1, 2]
@@ -217,6 +217,19 @@ def test_report_explorer_shows_the_chosen_targets_report_and_redraws_on_a_change
     assert p.state["report"] is reports[("a.py:fixed", "cuda")]
 
 
+def test_method_explorer_runs_the_chosen_form_through_the_batch_function(dev, monkeypatch):
+    monkeypatch.chdir(P.ROOT)  # the examples' TARGET paths are relative to the repository
+    p = widgets.method_explorer({"sim": dev}, 3)
+    p.controls["model"].value, p.controls["form"].value = "deepseek_v3", "record_stream"
+    p.controls["design"].value = "prealloc"
+    p.click()
+    assert "error" not in p.state, p.state.get("error")
+    row, want = p.state["row"], method.run_one(get("sim"), "deepseek_v3", "record_stream", 3, "prealloc")
+    assert row.model_dump(exclude={"seconds"}) == want.model_dump(exclude={"seconds"})
+    assert row.hazards == 0 and row.forced.startswith("0/") and row.design == "prealloc"
+    assert "hf_moe.py:deepseek_v3_record_stream on sim: 0 hazard(s)" in html.unescape(p.status.value)
+
+
 def interactive_cell(name):
     """The notebook's `if INTERACTIVE:` cell and every name the cells before it assign."""
     nb = nbformat.read(P.ROOT / "notebooks" / f"{name}.ipynb", 4)
@@ -241,6 +254,7 @@ def interactive_cell(name):
         ("03_stream_overlap", "timeline_explorer"),
         ("04_persistent_buffer_fix", "fix_explorer"),
         ("06_audit_your_engine", "report_explorer"),
+        ("07_method_on_your_engine", "method_explorer"),
     ],
 )
 def test_each_notebook_builds_its_panel_from_names_it_defines(name, builder):

@@ -21,11 +21,12 @@ import matplotlib.pyplot as plt
 from nblib.core import stats
 from nblib.engine.model import INDEX_DTYPES, LOGITS_POLICIES, OVERLAPS
 from nblib.engine.runner import MODES
+from nblib.instruments import probes
 from nblib.lab import pagemap
 from nblib.lab.panel import Panel
 from nblib.publish import plots
 from nblib.publish.show import html_table
-from nblib.studies import designs, fix, overlap, protocol, reproduce
+from nblib.studies import designs, fix, method, overlap, protocol, reproduce
 
 
 def _need(values, what):
@@ -382,4 +383,43 @@ def report_explorer(reports, targets, backends):
     for name, control in p.controls.items():
         p.watch(control, draw, name)
     draw()
+    return p
+
+
+# -- 07 ------------------------------------------------------------------------------------------
+
+
+def method_explorer(devices, replays):
+    """The whole method on one form of one model, on one backend: the audit with --confirm, then the
+    probe differential with the chosen design (nblib.studies.method.run_one, what the batch run
+    calls). devices: backend name -> device facade."""
+    p = Panel(
+        controls=dict(
+            model=W.Dropdown(options=list(method.MODELS), description="model"),
+            form=W.Dropdown(options=list(method.FORMS), description="form"),
+            design=W.Dropdown(options=list(probes.DESIGNS), description="probe design"),
+            backend=W.Dropdown(options=list(devices), description="backend"),
+            replays=W.IntSlider(value=replays, min=1, max=max(40, replays), description="replays"),
+        ),
+        button=W.Button(description="audit, confirm, differential", button_style="primary"),
+    )
+
+    def run(p, tick):
+        tick.start(1, "capturing")
+        row = method.run_one(
+            devices[p.value("backend")],
+            p.value("model"),
+            p.value("form"),
+            p.value("replays"),
+            p.value("design"),
+        )
+        tick()
+        p.state["row"] = row
+        p.show(None, [(row.target, html_table([row.model_dump()]))])
+        return (
+            f"{row.target} on {row.backend}: {row.hazards} hazard(s), {row.confirmed} confirmed; forced "
+            f"{row.forced}, natural {row.natural}, with probes ({row.design}) {row.probed}"
+        )
+
+    p.on_click(run)
     return p

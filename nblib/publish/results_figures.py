@@ -250,12 +250,13 @@ def _report(r):
     return [_block("What the writeup read", rows)]
 
 
-def _engines(r):
-    keys = ("model", "form", "backend", "expect", "status", "hazards", "replays", "replays_differing")
-    rows = [{k: f.get(k, "-") for k in keys} for f in r.get("findings", [])]
-    return [_block("Every form on every backend", rows)]
+def _picked(title, rows, keys):
+    """One table of `keys` from each row (a dash where a row lacks one)."""
+    return [_block(title, [{k: x.get(k, "-") for k in keys} for x in rows or []])]
 
 
+ENGINE_KEYS = ("model", "form", "backend", "expect", "status", "hazards", "replays", "replays_differing")
+METHOD_KEYS = ("model", "form", "backend", "hazards", "confirmed", "forced", "natural", "probed")
 EXTRACT = {
     "00_reproduce": lambda r: _protocol(r) + _matrix(r),
     "01_canary": _canary,
@@ -263,7 +264,8 @@ EXTRACT = {
     "03_stream_overlap": _overlap,
     "04_persistent_buffer_fix": _fix,
     "05_report": _report,
-    "06_audit_your_engine": _engines,
+    "06_audit_your_engine": lambda r: _picked("Every form on every backend", r.get("findings"), ENGINE_KEYS),
+    "07_method_on_your_engine": lambda r: _picked("The method, form by form", r.get("rows"), METHOD_KEYS),
 }
 
 

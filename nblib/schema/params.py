@@ -131,7 +131,7 @@ class Profile(BaseModel):
         0.05, gt=0, lt=1, description="the fix's 95% upper bound on its rate must fall below this"
     )
     confirm_replays: int = Field(
-        20, ge=1, description="forced replays per schedule (notebooks 02 and 03: the audit's --confirm)"
+        20, ge=1, description="forced replays per schedule (notebooks 02, 03 and 07: the audit's --confirm)"
     )
     timing_replays: int = Field(20, ge=2, description="timed replays per bucket and variant")
     timing_ctx: int = Field(
@@ -181,6 +181,7 @@ DECLARES = {
     "04_persistent_buffer_fix": (*_RUN, "index_dtypes", "fix_target", "timing_replays", "timing_ctx", *_NB),
     "05_report": ("backend", *_NB),
     "06_audit_your_engine": ("backend", "seed", *_NB),
+    "07_method_on_your_engine": ("backend", "seed", "confirm_replays", *_NB),
 }
 assert tuple(DECLARES) == NOTEBOOKS, "one DECLARES entry per notebook, in order"
 

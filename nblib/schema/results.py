@@ -23,6 +23,7 @@ from nblib.core.phases import PhaseTime
 from nblib.studies import designs as D
 from nblib.studies import engines as E
 from nblib.studies import forced as F
+from nblib.studies import method as M
 from nblib.studies import protocol as P
 
 __all__ = [
@@ -304,9 +305,16 @@ class Engines06(ResultsFile):
     transcription_hazards: list[E.HazardRow] | None = None
 
 
+class Method07(ResultsFile):
+    notebook: Literal["07_method_on_your_engine"]
+    design: str | None = None  # the probe differential's design
+    rows: list[M.MethodRow] | None = None
+    confirm_report: str | None = None  # one buggy form's `audit --confirm` report, as the command prints it
+
+
 MODELS: dict[str, type[ResultsFile]] = {
     m.model_fields["notebook"].annotation.__args__[0]: m
-    for m in (Reproduce00, Canary01, GraphVsEager02, Overlap03, Fix04, Report05, Engines06)
+    for m in (Reproduce00, Canary01, GraphVsEager02, Overlap03, Fix04, Report05, Engines06, Method07)
 }
 
 
