@@ -21,12 +21,12 @@ from nblib.core import stats
 from nblib.core.paths import ROOT
 from nblib.lab import pagemap
 from nblib.schema import params as P
-from nblib.studies import designs, engines, fix, overlap, protocol, reproduce
+from nblib.studies import designs, engines, fix, method, overlap, protocol, reproduce
 
 CI = P.load(ROOT / "params" / "ci.yaml")
 WORKLOAD = {**CI["workload"], "seed": CI["seed"]}
 NOTEBOOKS = ["00_reproduce", "01_canary", "02_graph_vs_eager", "03_stream_overlap",
-             "04_persistent_buffer_fix", "06_audit_your_engine"]  # fmt: skip
+             "04_persistent_buffer_fix", "06_audit_your_engine", "07_method_on_your_engine"]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -226,3 +226,19 @@ def test_06_the_report_panel_shows_the_audit_of_the_target_chosen(lab, live):
     assert panel.wait_status("^" + rep.target.replace(".", "\\.")) == want
     assert panel.root.locator("pre").inner_text().startswith(rep.text().splitlines()[0])
     shot(lab, panel, "06_audit_your_engine")
+
+
+@pytest.mark.parametrize("live", ["07_method_on_your_engine"], indirect=True)
+def test_07_the_method_panel_runs_the_form_chosen(lab, live):
+    _, panel = live
+    controls = [("dropdown", n) for n in ("model", "form", "probes", "backend")]
+    assert labels_of(panel, *controls) == [1, 1, 1, 1]
+    panel.select("model", "deepseek_v3")
+    panel.select("form", "record_stream")
+    panel.select("probes", "prealloc")
+    assert not panel.click("run the method").startswith("error")
+    want = method.run_one(seeded_sim(), "deepseek_v3", "record_stream", CI["confirm_replays"], "prealloc")
+    (shown,) = panel.table(f"{want.target} on sim")
+    keys = ("hazards", "confirmed", "forced", "natural", "probed", "design")
+    assert {k: shown[k] for k in keys} == {k: str(getattr(want, k)) for k in keys}
+    shot(lab, panel, "07_method_on_your_engine")

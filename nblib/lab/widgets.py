@@ -397,12 +397,13 @@ def method_explorer(devices, replays):
         controls=dict(
             model=W.Dropdown(options=list(method.MODELS), description="model"),
             form=W.Dropdown(options=list(method.FORMS), description="form"),
-            design=W.Dropdown(options=list(probes.DESIGNS), description="probe design"),
+            design=W.Dropdown(options=list(probes.DESIGNS), description="probes"),
             backend=W.Dropdown(options=list(devices), description="backend"),
-            replays=W.IntSlider(value=replays, min=1, max=max(40, replays), description="replays"),
+            replays=W.BoundedIntText(value=replays, min=1, max=200, description="replays"),
         ),
-        button=W.Button(description="audit, confirm, differential", button_style="primary"),
+        button=W.Button(description="run the method", button_style="primary", layout=W.Layout(width="auto")),
     )
+    p.figure.layout.display = "none"  # a table, no figure
 
     def run(p, tick):
         tick.start(1, "capturing")
@@ -415,7 +416,8 @@ def method_explorer(devices, replays):
         )
         tick()
         p.state["row"] = row
-        p.show(None, [(row.target, html_table([row.model_dump()]))])
+        shown = row.model_dump(exclude={"target", "model", "form", "backend"})
+        p.show(None, [(f"{row.target} on {row.backend}", html_table([shown]))])
         return (
             f"{row.target} on {row.backend}: {row.hazards} hazard(s), {row.confirmed} confirmed; forced "
             f"{row.forced}, natural {row.natural}, with probes ({row.design}) {row.probed}"

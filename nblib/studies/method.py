@@ -14,6 +14,7 @@ from pydantic import BaseModel
 
 from nblib.instruments import audit_target
 from nblib.instruments.probes import Differential
+from nblib.studies.engines import in_repository
 
 __all__ = ["FORMS", "MODELS", "MethodRow", "run_all", "run_one", "spec", "verdict"]
 
@@ -48,12 +49,12 @@ def run_one(dev, model, form, replays, design="main_stash") -> MethodRow:
     """Audit with --confirm, then the probe differential on a fresh build of the same form."""
     t0 = time.perf_counter()
     target = spec(model, form)
-    rep = audit_target.audit(target, device=dev, confirm=replays)
+    rep = audit_target.audit(in_repository(target), device=dev, label=target, confirm=replays)
     if rep.status == "failed":
         raise RuntimeError(f"{target} on {dev.name}: {rep.failure.message}")
     c = rep.confirm
     schedules = list({k.delayed: k for k in c.hazards}.values()) or c.branches
-    diff = Differential(dev, design).run(audit_target.load(target).fn(dev), replays=replays)
+    diff = Differential(dev, design).run(audit_target.load(in_repository(target)).fn(dev), replays=replays)
     either = max(diff.output.differing, max((p.differing for p in diff.probes), default=0))
     return MethodRow(
         model=model,
