@@ -39,6 +39,7 @@ __all__ = [
     "confirm",
     "differences",
     "persistent_writes",
+    "same_bits",
 ]
 
 SENTINEL = 0xFF
@@ -143,13 +144,15 @@ class StepState:
         for r, b in zip(self.ranges, self.saved):
             self.dev.bytes_at(r.addr, r.nbytes).copy_(b)
 
-    def values(self, result):
-        """(name, tensor) for the step's return value and every persistent range, copied."""
+    def values(self, result, copy=True):
+        """(name, tensor) for the step's return value and every persistent range: copies, or with
+        copy=False views of the live bytes (to compare at once, before the next run)."""
         outs = [x for x in tree_flatten(result)[0] if isinstance(x, torch.Tensor)]
         name = lambda i: f"the step's output {i}" if len(outs) > 1 else "the step's output"  # noqa: E731
-        vals = [(name(i), t.detach().clone()) for i, t in enumerate(outs)]
+        keep = (lambda t: t.detach().clone()) if copy else (lambda t: t.detach())  # noqa: E731
+        vals = [(name(i), keep(t)) for i, t in enumerate(outs)]
         for r in self.ranges:
-            b = self.dev.bytes_at(r.addr, r.nbytes).clone()
+            b = keep(self.dev.bytes_at(r.addr, r.nbytes))
             size = _itemsize(r.dtype)
             vals.append((r.name, b.view(r.dtype) if size and r.nbytes % size == 0 else b))
         return vals
@@ -172,7 +175,7 @@ def differences(got, want):
     """The values of `got` ((name, tensor) pairs) that differ from `want`'s, bit for bit, in order."""
     out = []
     for (name, g), (_, w) in zip(got, want):
-        if g.shape == w.shape and torch.equal(g, w):
+        if g.shape == w.shape and g.dtype == w.dtype and same_bits(g, w):
             continue
         m, bad = None, False
         if g.dtype.is_floating_point and g.shape == w.shape:
@@ -182,6 +185,15 @@ def differences(got, want):
             m = float((gf[ok] - wf[ok]).abs().max()) if ok.any() else None
         out.append(Difference(name, m, bad))
     return out
+
+
+def same_bits(a, b):
+    """Whether two tensors of one shape and dtype hold the same bytes (NaN equal to the same NaN),
+    read eight bytes at a time where they allow it (several times faster than byte by byte)."""
+    a, b = a.contiguous().reshape(-1).view(torch.uint8), b.contiguous().reshape(-1).view(torch.uint8)
+    if a.numel() % 8 == 0 and a.data_ptr() % 8 == 0 and b.data_ptr() % 8 == 0:
+        a, b = a.view(torch.int64), b.view(torch.int64)
+    return torch.equal(a, b)
 
 
 class _Tally:
@@ -287,7 +299,7 @@ class _Forcing:
             else:
                 g.replay()
             self.dev.synchronize()
-            tally.add(state.values(result), want)
+            tally.add(state.values(result, copy=False), want)
         return tally.check
 
     def _graph(self, op, hazards):
