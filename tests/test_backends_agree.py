@@ -9,8 +9,8 @@ Where they do not agree yet, the case is a strict expected failure with what was
 simulator every copying design raises the rate (its stash copies lengthen the side branch by about
 three fifths, and in the buckets that race every step is then lost), while on the H200 the same
 designs leave it unchanged; campaign and prealloc diverge in 11 of 136 comparisons on the simulator and
-in none on the H200. The simulator's contexts are a sixteenth of the GPU profile's and its logits rows
-half as wide, so a copy of the logits costs the side branch far more of its length than on the GPU.
+in none on the H200. Narrower logits rows (outputs/probe/sim-narrow-logits-*) make the copies cheaper
+and the designs worse, so the copies' share of the side branch is not the whole cause.
 """
 
 import json
