@@ -106,8 +106,8 @@ class SharedExpertOverlap:
         main = dev.current_stream()
         side.wait_stream(main)
         with dev.stream(side):
-            # the side stream reads the normed states; probe(): a no-op unless a differential runs
-            shared = shared_expert(layer.mlp, probe(f"{self.name}.shared_expert.in", hidden_states))
+            probe(f"{self.name}.shared_expert.in", hidden_states)  # a no-op unless a differential runs
+            shared = shared_expert(layer.mlp, hidden_states)  # the side stream reads the normed states
         held = None
         if self.form == "record_stream":
             dev.record_stream(hidden_states, side)  # the allocator waits for side before reusing it
