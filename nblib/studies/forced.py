@@ -172,21 +172,9 @@ def arms_verdict(arms):
 
 def _row(bucket, h, k, natural):
     r = h.row()
-    return ForcedRow(
-        bucket=bucket,
-        kind=h.kind,
-        first_op=r["first_op"],
-        first_tensor=r["first_tensor"],
-        second_op=r["second_op"],
-        second_tensor=r["second_tensor"],
-        delayed=k.delayed,
-        replays=k.replays,
-        differing=k.differing,
-        max_abs=k.max_abs,
-        nonfinite=k.nonfinite,
-        tensor=k.tensor,
-        natural=natural,
-    )
+    sides = {f: r[f] for f in ("first_op", "first_tensor", "second_op", "second_tensor")}
+    check = k.model_dump(include={"delayed", "replays", "differing", "max_abs", "nonfinite", "tensor"})
+    return ForcedRow(bucket=bucket, kind=h.kind, natural=natural, **sides, **check)
 
 
 def table(rows):
