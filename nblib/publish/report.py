@@ -150,6 +150,12 @@ def _graph_vs_eager(r2, add):
             "does the campaign's own design reproduce its drop?",
             r2.campaign_verdict,
         )
+    if r2.forced_verdict:
+        add(
+            "02 under the forced order",
+            "did a design move the rate by timing, or take the race away?",
+            r2.forced_verdict,
+        )
     need = "; ".join(f"baseline {x.baseline:.3g}: {x.fisher} sessions per arm" for x in r2.sessions_needed)
     add(
         "02 Heisenbug statistics",
@@ -183,6 +189,12 @@ def _overlap(r3, add):
         "what races, from one capture?",
         f"{named}. One capture audited in {r3.audit_one_capture_seconds} s.{csan_s}",
     )
+    if r3.forced_verdict:
+        add(
+            "03 the forced order",
+            "does each hazard change the output when its order is forced?",
+            r3.forced_verdict,
+        )
 
 
 def _speed(r4):
