@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The forced order and the method on one GPU, in one call: the GPU tests of `--confirm` and the probe
-# differential, the confirm table (scripts/confirm_table.py), then notebooks 03 and 07 on params/gpu.yaml (02 is the timed suite's: scripts/gpu_suite.sh).
+# The forced order and the method on one GPU, in one call: the GPU tests of `--confirm`, the confirm
+# table (scripts/confirm_table.py), then notebooks 07 and 03 on params/gpu.yaml (02 is the timed
+# suite's: scripts/gpu_suite.sh).
 # On the GPU machine, from the repository root:
 #   source scripts/device_setup.sh && scripts/gpu_method.sh OUTDIR [LIMIT_S]
 # writes OUTDIR/pytest-confirm.log, OUTDIR/<notebook> files, OUTDIR/summary.txt and OUTDIR.tgz.
