@@ -106,6 +106,27 @@ def test_persistent_state_is_restored_before_each_run_and_left_as_it_was():
     assert torch.equal(step.cache, torch.full((N,), 3.0))
 
 
+def test_a_step_that_leaves_nothing_to_compare_says_so_instead_of_not_confirmed():
+    """Its race is real, but its only result dies in the pool: no value to compare with eager."""
+    dev = SimDevice()
+    x, side = torch.ones(N), dev.Stream()
+
+    def step():
+        main = dev.current_stream()
+        h = x * 2.0
+        side.wait_stream(main)
+        with dev.stream(side):
+            h.sum()
+        del h
+        torch.ones(N) * 3.0  # main may take h's block while the side stream reads it
+        main.wait_stream(side)
+
+    rep = audit_target.audit_step(step, dev)
+    c = audit_confirm.confirm(step, dev, rep, replays=2)
+    assert rep.status == "hazards" and c.compared == 0
+    assert c.lines()[0].startswith("nothing to compare")
+
+
 SINGLE = [c for c in CASES if c.name != "shared_pool_two_captures"]  # two captures: no one step
 HARMLESS = {"fan_in_partial_wait"}  # its readers' results are discarded: no value depends on the order
 

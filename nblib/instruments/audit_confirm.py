@@ -78,9 +78,16 @@ class ConfirmReport(BaseModel):
     natural: Check
     hazards: list[Check] = []
     branches: list[Check] = []  # a target with no hazard: each side branch delayed in turn
+    compared: int = 0  # values compared after each run: the step's returned tensors, persistent ranges
     seconds: float = 0.0
 
     def lines(self):
+        if not self.compared:
+            return [
+                "nothing to compare: the step returns no tensor and writes no memory outside the "
+                "capture's pool; return its output (or copy it into a buffer made before capture) so "
+                "--confirm can see it"
+            ]
         out = [f"natural replays: {self.natural.sentence()}"]
         for i, c in enumerate(self.hazards, 1):
             verdict = "confirmed" if c.confirmed else "not confirmed"
@@ -242,6 +249,7 @@ def confirm(step, dev, report, replays=20):
         natural=natural,
         hazards=hazards,
         branches=branches,
+        compared=len(want),
         seconds=round(time.perf_counter() - t0, 3),
     )
 

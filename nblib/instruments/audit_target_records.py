@@ -238,7 +238,9 @@ def render(rep):
     verdict = "clean: no cross-stream race" if not n else f"{n} hazard{'s' * (n != 1)}"
     if rep.confirm is not None:
         k = sum(c.confirmed for c in rep.confirm.hazards)
-        if n:
+        if not rep.confirm.compared:
+            verdict += ", nothing to compare"
+        elif n:
             verdict += f", {k} confirmed"
         elif not any(b.confirmed for b in rep.confirm.branches):
             verdict += ", equal to eager under every forced order"
