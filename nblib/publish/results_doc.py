@@ -39,6 +39,10 @@ RUNS = (
     ("outputs/gpu", "the suite, notebook by notebook, on the profile before it: tool calls of 1-8 steps"),
     ("outputs/gpu-repeat", "notebooks 00 and 02 again on the same commit: how far the figures move"),
     ("outputs/gpu-long", "notebook 00 alone on params/gpu-long.yaml"),
+    (
+        "outputs/sim-timed",
+        "notebooks 00, 02, 03 and 07 on params/sim.yaml: the CPU simulator, tool calls in time on its clock",
+    ),
 )
 BENCH = "outputs/bench"
 WINDOW = "outputs/probe/window"
