@@ -1,4 +1,4 @@
-"""Time the graph matcher (nblib.instruments.graph_match.match) against its plain-Python reference
+"""Time the graph matcher (nblib.instruments.audit.graph_match.match) against its plain-Python reference
 (tests/graph_match_reference.py) on a synthetic CUDA-sized capture (tests/graph_match_cases.py), check
 that both give the same Match, and print both times and their ratio.
 
@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path.cwd() / "tests"))
 import graph_match_reference as reference  # noqa: E402
 from graph_match_cases import CUDA_RUNS, random_case  # noqa: E402
 
-from nblib.instruments import graph_match  # noqa: E402
+from nblib.instruments.audit import graph_match  # noqa: E402
 
 
 def best_of(fn, args, repeat):

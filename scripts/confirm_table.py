@@ -3,7 +3,7 @@
 Usage: python scripts/confirm_table.py OUTDIR [--backend sim|cuda] [--replays 20]
 Each zoo case (its planted race and its twin; the shared-pool case captures twice and is left out) and
 each example target under examples/audit/ is built on a fresh device facade, audited, and confirmed
-with `--replays` forced replays per schedule (nblib.instruments.audit_confirm). Writes OUTDIR/confirm.json
+with `--replays` forced replays per schedule (nblib.instruments.audit.confirm). Writes OUTDIR/confirm.json
 and OUTDIR/table.md (with the commit: $NBLIB_COMMIT, else HEAD) and prints the table. Exit 0 when every
 racy form has every hazard confirmed (but the zoo case whose readers' results are discarded, which must
 have none) and every clean form stays equal to eager under every forced order; 1 otherwise.
@@ -22,8 +22,9 @@ sys.path.insert(0, str(ROOT))
 
 from nblib.backends import device  # noqa: E402
 from nblib.core.files import write_text  # noqa: E402
-from nblib.instruments import audit_confirm, audit_target  # noqa: E402
-from nblib.instruments.audit_zoo import CASES  # noqa: E402
+from nblib.instruments.audit import confirm as audit_confirm  # noqa: E402
+from nblib.instruments.audit import target as audit_target  # noqa: E402
+from nblib.instruments.audit.zoo import CASES  # noqa: E402
 from nblib.studies.engines import in_repository  # noqa: E402
 
 HARMLESS = {"fan_in_partial_wait"}  # its readers' results are discarded: no value depends on the order

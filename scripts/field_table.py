@@ -100,7 +100,7 @@ def says(got):
 
 def run(backend):
     from nblib.backends import device as devices
-    from nblib.instruments import audit_target
+    from nblib.instruments.audit import target as audit_target
 
     cases_module = load_file(FIELD / "cases.py", "_field_cases")
     rows, ok = [], True

@@ -6,7 +6,7 @@ Usage: python scripts/gpu_audit_anchors.py OUTDIR [--tools audit csan ...] [--gr
 Writes OUTDIR/anchors.json (pydantic: every cell with its verdict, detail and seconds) and OUTDIR/README.md.
 
 Targets (--groups):
-  zoo        nblib.instruments.audit_zoo: every planted race and its synchronised twin
+  zoo        nblib.instruments.audit.zoo: every planted race and its synchronised twin
   miniature  the suite's decode model, ci profile: the racy configuration (bf16, overlap on,
              transient logits) and the persistent-buffer fix, every ci bucket
   hf         examples/audit/hf_moe.py: transformers Qwen2-MoE and DeepSeek-V3, shared expert on a
@@ -113,7 +113,7 @@ class AnchorTable(BaseModel):
 
 
 def specs(groups=GROUPS):
-    from nblib.instruments import audit_zoo
+    from nblib.instruments.audit import zoo as audit_zoo
 
     out = []
     if "zoo" in groups:
@@ -146,7 +146,8 @@ def _miniature():
 def capture(dev, name):
     """Build the target and capture it; returns the graphs and a function that readies a replay."""
     from nblib.engine.runner import Runner
-    from nblib.instruments import audit_target, audit_zoo
+    from nblib.instruments.audit import target as audit_target
+    from nblib.instruments.audit import zoo as audit_zoo
 
     if name.startswith("zoo:"):
         case, variant = name[4:].split("/")
@@ -178,7 +179,8 @@ def run_capture(dev, name):
 
 
 def run_audit(dev, name):
-    from nblib.instruments import audit_target, audit_zoo
+    from nblib.instruments.audit import target as audit_target
+    from nblib.instruments.audit import zoo as audit_zoo
     from nblib.studies import overlap
 
     if name.startswith("zoo:"):

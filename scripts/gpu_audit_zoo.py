@@ -4,10 +4,10 @@
      torch first imports torch._dynamo under a dispatch mode (what the old recorder did) outlives
      its last reference, and a collection inside a later capture destroys it there; then the same
      with the fixed recorder;
-  2. the zoo (nblib.instruments.audit_zoo), every scenario captured plainly and audited in this one
+  2. the zoo (nblib.instruments.audit.zoo), every scenario captured plainly and audited in this one
      process, each audited graph read back through the driver and cross-checked with the audit;
   3. the decode model audited after all those captures, in the same process;
-  4. the parity cases (nblib.instruments.audit_parity) in a child process, restarted after a case
+  4. the parity cases (nblib.instruments.audit.parity) in a child process, restarted after a case
      that leaves the process unable to capture; the simulator's column beside CUDA's.
 
 Usage: python scripts/gpu_audit_zoo.py OUTDIR [--backend sim]
@@ -104,7 +104,7 @@ def child_parity(backend, start):
     """Parity cases from index `start`; one JSON line per case; exit 3 after a case that leaves the
     process unable to capture (the parent restarts from the next case)."""
     from nblib.backends.device import get
-    from nblib.instruments import audit_parity
+    from nblib.instruments.audit import parity as audit_parity
 
     dev = get(backend)
     for i, c in enumerate(audit_parity.CASES[start:], start):
@@ -149,7 +149,7 @@ def rootcause(backend):
 
 
 def zoo(dev):
-    from nblib.instruments import audit_zoo
+    from nblib.instruments.audit import zoo as audit_zoo
 
     t0 = time.perf_counter()
     rows = audit_zoo.run(dev, keep_graph=True)
@@ -191,7 +191,7 @@ def model_audit(dev):
 
 def parity(backend):
     from nblib.backends.sim import SimDevice
-    from nblib.instruments import audit_parity
+    from nblib.instruments.audit import parity as audit_parity
 
     cuda_rows, start, restarts = [], 0, []
     while start < len(audit_parity.CASES):

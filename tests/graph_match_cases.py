@@ -5,8 +5,8 @@ nodes, blind kernels, op-internal scratch on reused bytes and words that are no 
 
 import random
 
-from nblib.instruments.graph_read import GraphNode, RawGraph
-from nblib.instruments.trace.records import Access, Alloc, Op
+from nblib.instruments.audit.graph_read import GraphNode, RawGraph
+from nblib.instruments.audit.trace.records import Access, Alloc, Op
 
 BASE, PERSISTENT = 0x7F00_0000_0000, 0x7E00_0000_0000
 NOT_ADDRESSES = [0, 1, 4096, 0xFFFF_FFFF_FFFF_FFF0, BASE - 8]

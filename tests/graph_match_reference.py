@@ -1,12 +1,12 @@
 """The matcher in plain Python (O(ops x nodes^2) steps, a state per step): the reference that
-nblib.instruments.graph_match must agree with exactly (tests/test_graph_match.py,
+nblib.instruments.audit.graph_match must agree with exactly (tests/test_graph_match.py,
 scripts/bench_graph_match.py). The run's classification and the leftover nodes come from the module
 itself (_classify, _match): they read the evidence the same way in both, and what is compared is
 the evidence and the alignment."""
 
 from typing import NamedTuple
 
-from nblib.instruments.graph_match import (
+from nblib.instruments.audit.graph_match import (
     EMPTY,
     EXPLAINED,
     FOREIGN,
@@ -18,7 +18,7 @@ from nblib.instruments.graph_match import (
     _match,
     _spans,
 )
-from nblib.instruments.graph_read import MEMORY_KINDS
+from nblib.instruments.audit.graph_read import MEMORY_KINDS
 
 
 def _ranges(op):

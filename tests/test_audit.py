@@ -11,7 +11,8 @@ from models import TINY
 from nblib.backends.sim import SimCaptureError, SimDevice, SimGraph
 from nblib.engine.model import DecodeModel, ModelConfig
 from nblib.engine.runner import Runner
-from nblib.instruments import audit, trace
+from nblib.instruments import audit
+from nblib.instruments.audit import trace
 
 
 def _kinds(rep):

@@ -13,7 +13,7 @@ import pytest
 
 from nblib.backends.sim import SimDevice, SimGraph
 from nblib.core.paths import ROOT
-from nblib.instruments import audit_target
+from nblib.instruments.audit import target as audit_target
 from nblib.run import cli
 
 DECODE = "examples/audit/decode_step.py"

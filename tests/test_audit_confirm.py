@@ -16,8 +16,9 @@ import torch
 
 from nblib.backends.sim import SimDevice
 from nblib.core.paths import ROOT
-from nblib.instruments import audit_confirm, audit_target
-from nblib.instruments.audit_zoo import CASES
+from nblib.instruments.audit import confirm as audit_confirm
+from nblib.instruments.audit import target as audit_target
+from nblib.instruments.audit.zoo import CASES
 from nblib.run import cli
 
 DECODE = "examples/audit/decode_step.py"

@@ -10,8 +10,11 @@ from models import GRAPH
 
 from nblib.backends.device import get
 from nblib.backends.sim import SimDevice
-from nblib.instruments import audit, audit_graph, audit_zoo, graph_read
-from nblib.instruments.graph_read import GraphNode, RawGraph
+from nblib.instruments import audit
+from nblib.instruments.audit import graph_check as audit_graph
+from nblib.instruments.audit import graph_read
+from nblib.instruments.audit import zoo as audit_zoo
+from nblib.instruments.audit.graph_read import GraphNode, RawGraph
 from nblib.studies import overlap
 
 UNREADABLE = (
@@ -326,7 +329,7 @@ def test_the_match_names_each_nodes_addresses_inside_recorded_bytes_on_either_so
     # crosscheck calls a kernel node internal when none of its pointers is inside recorded bytes;
     # the match computes which are (tests/test_graph_match.py compares it with the plain scan on
     # CUDA-shaped captures), here also on the simulator's own read, which the match does not align
-    from nblib.instruments.graph_match import match
+    from nblib.instruments.audit.graph_match import match
 
     for name in ("missing_wait", "reuse_free_before_join"):
         tr, _, as_cuda = zoo_capture(name, race=True)

@@ -28,7 +28,7 @@ import audit_oracle_model as M  # noqa: E402
 from hypothesis import HealthCheck, Phase, example, given, seed, settings  # noqa: E402
 
 from nblib.backends.sim import SimDevice  # noqa: E402
-from nblib.instruments import audit_target  # noqa: E402
+from nblib.instruments.audit import target as audit_target  # noqa: E402
 
 _COUNT = os.environ.get("NBLIB_ORACLE_EXAMPLES")
 _SEED = os.environ.get("NBLIB_ORACLE_SEED")
@@ -585,7 +585,7 @@ def _any_stream_fit(pool, stream, size):
 
 def _plant(monkeypatch, bug):
     from nblib.backends.sim import allocator
-    from nblib.instruments import audit as A
+    from nblib.instruments.audit import hazards as A
 
     if bug == "ordered":  # an op is taken as ordered only after a later op of its stream
         monkeypatch.setattr(A, "ordered", lambda a, b: a.epoch < b.vc.get(a.stream, 0))

@@ -19,7 +19,10 @@ import torch
 from nblib.backends.sim import SimCaptureError, SimDevice
 from nblib.backends.sim.rules import AT_CALL, AT_NEXT_CALL, EAGER, RULES
 from nblib.core.paths import ROOT
-from nblib.instruments import audit, audit_graph, audit_parity, audit_zoo
+from nblib.instruments import audit
+from nblib.instruments.audit import graph_check as audit_graph
+from nblib.instruments.audit import parity as audit_parity
+from nblib.instruments.audit import zoo as audit_zoo
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

@@ -1,4 +1,4 @@
-"""The capture audit's byte comparison (nblib.instruments.byte_overlap): two accesses share a byte
+"""The capture audit's byte comparison (nblib.instruments.audit.byte_overlap): two accesses share a byte
 exactly when their byte sets meet, for views compared element by element and for wide ones compared
 from their layout."""
 
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nblib.instruments import byte_overlap
+from nblib.instruments.audit import byte_overlap
 
 
 @settings(max_examples=150, deadline=None, derandomize=True)

@@ -1,5 +1,5 @@
 """Notebook 06's targets: transformers' own MoE decoders with the shared expert forked onto a side
-stream (examples/audit/hf_moe.py), audited through nblib.instruments.audit_target on the simulator;
+stream (examples/audit/hf_moe.py), audited through nblib.instruments.audit.target on the simulator;
 the study behind the notebook (nblib.studies.engines); and the table of scripts/gpu_audit_anchors.py,
 built from fake child results."""
 
@@ -10,7 +10,7 @@ import torch
 
 from nblib.backends.device import get
 from nblib.core.paths import ROOT
-from nblib.instruments import audit_target as AT
+from nblib.instruments.audit import target as AT
 from nblib.studies import engines
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

@@ -14,7 +14,7 @@ import torch
 
 from nblib.backends.device import get
 from nblib.core.paths import ROOT
-from nblib.instruments import audit_target
+from nblib.instruments.audit import target as audit_target
 
 FIELD = ROOT / "examples" / "field"
 

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from graph_match_cases import random_case
 
-from nblib.instruments import graph_match
-from nblib.instruments.trace.records import Access
+from nblib.instruments.audit import graph_match
+from nblib.instruments.audit.trace.records import Access
 
 
 @pytest.mark.parametrize("block", range(8))

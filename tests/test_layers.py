@@ -122,7 +122,7 @@ def test_torch_cuda_is_called_where_the_device_facade_says():
 
     assert cuda_callers() == {
         "nblib.backends.device",
-        "nblib.instruments.trace.cuda",
+        "nblib.instruments.audit.trace.cuda",
         "nblib.instruments.csan",
     }
     assert all(m in device.__doc__ for m in cuda_callers() - {"nblib.backends.device"})

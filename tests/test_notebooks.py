@@ -18,7 +18,7 @@ from scipy.stats import fisher_exact
 from nblib.backends.device import get
 from nblib.core.paths import MEASURING
 from nblib.engine.model import LOGITS_POLICIES
-from nblib.instruments import audit_zoo
+from nblib.instruments.audit import zoo as audit_zoo
 from nblib.instruments.gediff import DESIGNS
 from nblib.publish import plots
 from nblib.run import suite

@@ -14,7 +14,7 @@ Where each is used (a comment at each use names the public API it stands in for)
   JITFunction._pack_args, create_function_from_signature   kernels/launch.py (compile without a GPU)
   triton.runtime.interpreter._patch_lang_tensor    tests/interp.py (the numpy >= 2.4 shim)
   triton.runtime.interpreter.InterpretedFunction   tests/interp.py, kernels/args.py
-  triton.knobs.runtime.launch_enter_hook, LazyDict nblib/instruments/trace/cuda.py, tests/test_audit.py
+  triton.knobs.runtime.launch_enter_hook, LazyDict nblib/instruments/audit/trace/cuda.py, tests/test_audit.py
 """
 
 import inspect
@@ -282,7 +282,7 @@ def test_interpreter_takes_a_loaded_scalar_as_a_loop_bound(monkeypatch):
 
 
 def test_launch_enter_hook_takes_and_gives_back_a_function():
-    """nblib.instruments.trace.cuda adds its hook to triton.knobs.runtime.launch_enter_hook and
+    """nblib.instruments.audit.trace.cuda adds its hook to triton.knobs.runtime.launch_enter_hook and
     removes it; the hook reads Triton's LazyDict (.get(), .add())."""
     public = "triton.knobs.runtime.launch_enter_hook (Triton's documented hook) in its new form"
     chain = resolve("triton.knobs.runtime.launch_enter_hook", public)

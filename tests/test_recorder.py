@@ -10,7 +10,8 @@ import torch
 import triton
 
 from nblib.backends.sim import SimDevice, SimGraph
-from nblib.instruments import audit, trace
+from nblib.instruments import audit
+from nblib.instruments.audit import trace
 
 SIM_NAMES = ("capture_begin", "capture_end", "_abort")
 CUDA_NAMES = [

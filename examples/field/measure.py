@@ -8,7 +8,7 @@ blocks that are allocated or freed but not yet reusable (a block freed after `re
 the capture's end). A `record_stream` fix trades this for its race: docs/audit.md, the three fixes.
 """
 
-from nblib.instruments import audit_target
+from nblib.instruments.audit import target as audit_target
 
 
 def _trace(dev):

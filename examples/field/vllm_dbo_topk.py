@@ -29,7 +29,7 @@ rows; none in the fixed form).
 import _field
 import torch
 
-from nblib.instruments import audit_target
+from nblib.instruments.audit import target as audit_target
 
 TOKENS, DIM, POSITIONS, TOPK = 4, 16, 64, 8
 UBATCHES = 2

@@ -27,7 +27,7 @@ Scaled down: compress ratio 4, top-k 8, a capture context of 16 tokens, a replay
 import _field
 import torch
 
-from nblib.instruments import audit_target
+from nblib.instruments.audit import target as audit_target
 
 TOKENS, DIM, RATIO, TOPK = 4, 16, 4, 8
 CAPTURE_CONTEXT, LONG_CONTEXT = 16, 256

@@ -8,7 +8,7 @@
 This module is where nblib calls torch.cuda: the facade, and the host's questions asked before any
 device is opened (has_cuda, gpu_count, gpu_name; cuda_graph_seconds times a function on CUDA).
 Two modules call torch.cuda themselves, by design, because they watch torch.cuda rather than use it:
-  nblib.instruments.trace.cuda  the CUDA recorder patches torch.cuda.CUDAGraph, Event and Stream
+  nblib.instruments.audit.trace.cuda  the CUDA recorder patches torch.cuda.CUDAGraph, Event and Stream
                                 and asks torch.cuda for the current stream and whether it captures,
                                 to see every call a real capture makes (the facade's included)
   nblib.instruments.csan        PyTorch's own CUDA sanitizer (torch.cuda._sanitizer), which hooks

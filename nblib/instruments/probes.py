@@ -40,7 +40,7 @@ import torch
 from pydantic import BaseModel
 
 from nblib.instruments import audit as A
-from nblib.instruments.audit_confirm import StepState, differences, persistent_writes
+from nblib.instruments.audit.confirm import StepState, differences, persistent_writes
 
 __all__ = ["DESIGNS", "Differential", "DifferentialReport", "ProbeCheck", "probe", "probing"]
 

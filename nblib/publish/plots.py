@@ -133,7 +133,7 @@ def _hazard_line(h, row, hazards, pick, at, schedule):
 
 
 def stream_timeline(trace, hazards=(), schedule=None, title=None, pick=None):
-    """The captured ops of one capture (nblib.instruments.trace.CaptureTrace) as bars, one lane per
+    """The captured ops of one capture (nblib.instruments.audit.trace.CaptureTrace) as bars, one lane per
     stream, and ONE hazard drawn: its two ops in red, joined by an arrow, each named with its tensor.
     pick: the index in `hazards` to draw (default: worst_hazard); the title counts the rest, which
     the audit's table lists. schedule: (starts, ends) by op index, e.g. a sim graph's last_schedule

@@ -174,7 +174,7 @@ def _publish(args):
 
 def _audit(args):
     """Exit 0 clean, 1 a hazard, 2 a failed build or capture, or a bad TARGET (one line, no capture)."""
-    from nblib.instruments import audit_target
+    from nblib.instruments.audit import target as audit_target
 
     if args.replays < 1:
         print(f"error: --replays must be at least 1, got {args.replays}", file=sys.stderr)

@@ -12,7 +12,7 @@ audit reports sites in the caller's code and leaves nblib's, torch's and site-pa
 - dsv4_attention.py: a transcription of SGLang's DeepSeek-V4 multi-stream attention prepare path,
   fused q/kv projection on and off: a model of the engine's stream ordering, not the engine.
 
-Each target is audited with nblib.instruments.audit_target (what `python -m nblib audit` calls) on
+Each target is audited with nblib.instruments.audit.target (what `python -m nblib audit` calls) on
 each backend asked for. The audited graph is then replayed and compared with the eager step, so the
 table also says whether the race showed in the output at these sizes: the audit names a race from
 the capture alone, whether or not a replay loses it.
@@ -32,7 +32,7 @@ from pydantic import BaseModel
 from nblib.backends import device as devices
 from nblib.core.paths import ROOT
 from nblib.instruments import audit
-from nblib.instruments import audit_target as AT
+from nblib.instruments.audit import target as AT
 
 HF = "examples/audit/hf_moe.py"
 DSV4 = "examples/audit/dsv4_attention.py"

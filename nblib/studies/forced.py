@@ -1,5 +1,5 @@
 """Notebook 03's forced order: each hazard the audit names in the miniature's captures, replayed with
-its losing order forced and compared with eager (nblib.instruments.audit_confirm), bucket by bucket,
+its losing order forced and compared with eager (nblib.instruments.audit.confirm), bucket by bucket,
 on a full batch of long contexts. The buckets are captured as the runner captures them (largest
 first, into one shared pool), so the blocks each capture reuses are those the suite's replays meet.
 A hazard the protocol's replays never showed (a latent race) is confirmed or not here, from values."""
@@ -10,7 +10,8 @@ from nblib.core import phases
 from nblib.engine import build
 from nblib.engine.runner import Runner
 from nblib.engine.workload import WorkloadConfig
-from nblib.instruments import audit, audit_confirm
+from nblib.instruments import audit
+from nblib.instruments.audit import confirm as audit_confirm
 
 __all__ = [
     "ForcedArm",

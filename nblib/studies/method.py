@@ -12,7 +12,7 @@ import time
 
 from pydantic import BaseModel
 
-from nblib.instruments import audit_target
+from nblib.instruments.audit import target as audit_target
 from nblib.instruments.probes import Differential
 from nblib.studies.engines import in_repository
 

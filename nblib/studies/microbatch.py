@@ -19,7 +19,7 @@ from typing import NamedTuple
 import torch
 
 from nblib.engine import build
-from nblib.instruments import audit_target
+from nblib.instruments.audit import target as audit_target
 
 LAYOUTS = {
     "shared": "one model-wide set of persistent buffers, keyed by stream role and bucket",

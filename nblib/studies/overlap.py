@@ -18,7 +18,9 @@ from nblib.core import phases, results
 from nblib.engine import build
 from nblib.engine.model import HANDS_LOGITS_ACROSS, LOGITS_POLICIES, check_choice
 from nblib.engine.runner import Runner
-from nblib.instruments import audit, audit_graph, audit_zoo
+from nblib.instruments import audit
+from nblib.instruments.audit import graph_check as audit_graph
+from nblib.instruments.audit import zoo as audit_zoo
 from nblib.studies import reproduce
 
 

@@ -2,7 +2,7 @@
 
 import torch
 
-from nblib.instruments.audit_zoo.base import WAR, WAW, N, case, empty, fork, join, zeros
+from nblib.instruments.audit.zoo.base import WAR, WAW, N, case, empty, fork, join, zeros
 
 
 @case("allocator reuse after a free before the join", WAR)

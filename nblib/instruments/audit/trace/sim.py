@@ -8,8 +8,8 @@ import gc
 from typing import NamedTuple
 
 from nblib.backends.sim import SimGraph
-from nblib.instruments.trace.recorder import Recording
-from nblib.instruments.trace.records import (
+from nblib.instruments.audit.trace.recorder import Recording
+from nblib.instruments.audit.trace.records import (
     Access,
     Alloc,
     Live,

@@ -3,8 +3,9 @@
 import traceback
 from dataclasses import dataclass, field
 
-from nblib.instruments import audit, audit_graph
-from nblib.instruments.audit_zoo.base import CASES
+from nblib.instruments import audit
+from nblib.instruments.audit import graph_check as audit_graph
+from nblib.instruments.audit.zoo.base import CASES
 
 
 @dataclass

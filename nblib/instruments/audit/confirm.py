@@ -28,7 +28,7 @@ from pydantic import BaseModel
 from torch.utils._pytree import tree_flatten
 
 from nblib.instruments import audit as A
-from nblib.instruments.trace import site
+from nblib.instruments.audit.trace import site
 
 __all__ = [
     "Captured",

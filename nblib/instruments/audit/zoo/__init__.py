@@ -15,8 +15,8 @@ must succeed audited too (the audit never breaks a legal capture), and the audit
 the expected one: a race of the expected kind for the planted case, nothing for its twin.
 """
 
-from nblib.instruments.audit_zoo import reuse, streams, syncs  # noqa: F401  (importing them registers the cases)
-from nblib.instruments.audit_zoo.base import CASES, Case, N
-from nblib.instruments.audit_zoo.runner import Row, capture_all, graph_check, run, run_one, summary
+from nblib.instruments.audit.zoo import reuse, streams, syncs  # noqa: F401  (importing them registers the cases)
+from nblib.instruments.audit.zoo.base import CASES, Case, N
+from nblib.instruments.audit.zoo.runner import Row, capture_all, graph_check, run, run_one, summary
 
 __all__ = ["CASES", "N", "Case", "Row", "capture_all", "graph_check", "run", "run_one", "summary"]

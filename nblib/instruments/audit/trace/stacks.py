@@ -13,11 +13,12 @@ from nblib.core.paths import NBLIB
 _SKIP_FILES = tuple(
     str(NBLIB / f)
     for f in (
-        "instruments/trace" + os.sep,
-        "instruments/audit.py",
-        "instruments/audit_graph.py",
-        "instruments/graph_read.py",
-        "instruments/graph_match.py",
+        "instruments/audit/trace" + os.sep,
+        "instruments/audit/hazards.py",
+        "instruments/audit/report.py",
+        "instruments/audit/graph_check.py",
+        "instruments/audit/graph_read.py",
+        "instruments/audit/graph_match.py",
         "backends/sim" + os.sep,
     )
 )
@@ -49,7 +50,7 @@ def python_stack(limit=12, depth=1):
 
 
 def user_frames(stack):
-    """A stack without the instruments' own frames (sim stacks keep audit.py's caller frames)."""
+    """A stack without the instruments' own frames (sim stacks keep the audit report's caller frames)."""
     return [
         fr
         for fr in (stack or [])

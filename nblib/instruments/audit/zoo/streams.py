@@ -1,6 +1,6 @@
 """The zoo's many-stream cases: fan-out, fan-in, event chains, streams and events made inside the capture."""
 
-from nblib.instruments.audit_zoo.base import RAW, WAR, WAW, N, case, fork, join, zeros
+from nblib.instruments.audit.zoo.base import RAW, WAR, WAW, N, case, fork, join, zeros
 
 
 @case("fan-out over many streams, a join missing", RAW)

@@ -310,8 +310,8 @@ def error_rule(e):
     """The rule the first error of the chain names by itself, without an invalidated error's cause
     or torch's warnings: "invalidated" where the call that failed was not the one that broke the
     capture."""
-    chain = audit._chain(e)
-    return next((r for r in map(audit._rule_of_one, reversed(chain)) if r), "")
+    chain = audit.error_chain(e)
+    return next((r for r in map(audit.rule_of_error, reversed(chain)) if r), "")
 
 
 def _first_line(e):

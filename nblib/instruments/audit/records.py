@@ -1,7 +1,7 @@
 """The capture audit's report on a user's target, as typed records (what `--json` prints) and as text:
 each hazard's two ops and streams, the tensors behind the bytes, and the allocation, free and use
 sites in the caller's code (frames of nblib, torch and site-packages left out). Built by
-nblib.instruments.audit_target from an nblib.instruments.audit.Report."""
+nblib.instruments.audit.target from an nblib.instruments.audit.Report."""
 
 import linecache
 import os
@@ -11,8 +11,8 @@ from typing import Literal
 from pydantic import BaseModel, PrivateAttr
 
 from nblib.core.paths import NBLIB
-from nblib.instruments.audit_confirm import ConfirmReport
-from nblib.instruments.trace import stacks
+from nblib.instruments.audit.confirm import ConfirmReport
+from nblib.instruments.audit.trace import stacks
 
 EXIT = {"clean": 0, "hazards": 1, "failed": 2}
 ACCESS = {"r": "reads", "w": "writes", "rw": "reads and writes"}

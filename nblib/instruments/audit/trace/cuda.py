@@ -38,8 +38,8 @@ from torch.utils._pytree import tree_flatten
 
 from nblib.backends.sim.arena import extent, layout
 from nblib.backends.sim.ops import mutated_args, op_info, warm_up_dispatch_modes
-from nblib.instruments.trace.recorder import Recording
-from nblib.instruments.trace.records import (
+from nblib.instruments.audit.trace.recorder import Recording
+from nblib.instruments.audit.trace.records import (
     Access,
     Alloc,
     Live,
@@ -52,7 +52,7 @@ from nblib.instruments.trace.records import (
     stream_namer,
     wait_step,
 )
-from nblib.instruments.trace.stacks import python_stack, site
+from nblib.instruments.audit.trace.stacks import python_stack, site
 
 try:  # optional: without triton there are no raw launches to see
     import triton
@@ -293,7 +293,7 @@ class CudaRecording(Recording):
         return out
 
     def _before(self, cap):
-        """The forced schedule's hook (nblib.instruments.audit_confirm): called with the index the op
+        """The forced schedule's hook (nblib.instruments.audit.confirm): called with the index the op
         about to be queued will have, so a spin kernel can be captured just before it."""
         if self.before_op is not None:
             self.before_op(cap.nops)

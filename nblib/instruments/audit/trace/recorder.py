@@ -3,7 +3,7 @@
 
 import contextlib
 
-from nblib.instruments.trace.records import CaptureTrace
+from nblib.instruments.audit.trace.records import CaptureTrace
 
 
 class Recording:

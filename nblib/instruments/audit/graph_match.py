@@ -42,7 +42,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from nblib.instruments.graph_read import MEMORY_KINDS
+from nblib.instruments.audit.graph_read import MEMORY_KINDS
 
 EXPLAINED, FOREIGN, EMPTY, NO_EDGE, TAIL = 2.0, 1.0, 1.5, 4.0, 0.01  # weights (see the docstring)
 

@@ -1,6 +1,6 @@
 """The zoo's sync cases on persistent memory: missing and misplaced waits, views, in-place ops."""
 
-from nblib.instruments.audit_zoo.base import RAW, WAR, WAW, N, case, fork, join, zeros
+from nblib.instruments.audit.zoo.base import RAW, WAR, WAW, N, case, fork, join, zeros
 
 
 @case("a missing wait (read after write)", RAW)

@@ -2,7 +2,7 @@
 
     python -m nblib audit examples/audit/dsv4_attention.py:fused [--backend cuda|sim] [--json]
 
-    from nblib.instruments import audit_target
+    from nblib.instruments.audit import target as audit_target
     rep = audit_target.audit("my_engine.decode:make_step", backend="sim")   # a TARGET, or
     rep = audit_target.audit(make_step, device=dev)                        # the function itself, or
     rep = audit_target.audit_step(step, dev, target="decode step")         # a step you built
@@ -37,8 +37,8 @@ from pathlib import Path
 from nblib.backends import device as devices
 from nblib.backends.sim.rules import RULES
 from nblib.instruments import audit as A
-from nblib.instruments import audit_confirm
-from nblib.instruments.audit_target_records import (
+from nblib.instruments.audit import confirm as audit_confirm
+from nblib.instruments.audit.records import (
     Failure,
     HazardRecord,
     OpRecord,
@@ -169,7 +169,7 @@ def audit(target, backend="auto", label=None, device=None, confirm=0):
     """Audit a TARGET (`module:function`, `path.py:function`) or a function that builds the step
     (taking the device facade or nothing). `device` overrides `backend` with a facade you hold.
     confirm=N: then force each hazard's losing order N times and compare with eager
-    (nblib.instruments.audit_confirm; on a clean target, each side branch delayed in turn)."""
+    (nblib.instruments.audit.confirm; on a clean target, each side branch delayed in turn)."""
     if confirm < 0:
         raise TargetError(f"--replays must be a positive number of forced replays, got {confirm}")
     t = load(target) if isinstance(target, str) else _wrap(target)

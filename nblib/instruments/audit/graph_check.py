@@ -9,7 +9,7 @@
 
 The audit orders ops with vector clocks computed from the syncs it saw; the graph orders its nodes
 by the edges CUDA built. Each audited op is tied to the run of graph nodes it launched
-(nblib.instruments.graph_match: by the addresses in the nodes' parameters where they can be read,
+(nblib.instruments.audit.graph_match: by the addresses in the nodes' parameters where they can be read,
 by the op's place on its stream's chain of edges where they cannot), and the ordering of every pair
 of ops that touch a common byte (one writing, on different streams) is read off the graph's
 reachability:
@@ -29,15 +29,16 @@ reachability:
   context       for each lacking op, or one matched by order with no blind node: the runs of the
                 ops around it, each node with the ops whose recorded bytes its parameters point into
 
-Reading the graph (CUDA's driver API through ctypes, or the simulator): nblib.instruments.graph_read.
+Reading the graph (CUDA's driver API through ctypes, or the simulator): nblib.instruments.audit.graph_read.
 """
 
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from nblib.instruments import audit
-from nblib.instruments.graph_match import OpNodes, match
-from nblib.instruments.graph_read import (  # noqa: F401  (part of this module's API)
+from nblib.instruments.audit.byte_overlap import share_bytes
+from nblib.instruments.audit.graph_match import OpNodes, match
+from nblib.instruments.audit.graph_read import (  # noqa: F401  (part of this module's API)
     GraphNode,
     GraphReadError,
     RawGraph,
@@ -278,11 +279,11 @@ def _conflicts(ops):
         for _, _, op2, acc2 in active:
             if op2 is op or op2.stream == op.stream or not (acc.writes or acc2.writes):
                 continue
-            if not audit.share_bytes(acc, acc2):
+            if not share_bytes(acc, acc2):
                 continue
             (f, fa), (s, sa) = sorted(((op2, acc2), (op, acc)), key=lambda p: p[0].index)
             key = (f.index, s.index)
             if key not in seen:
                 seen.add(key)
-                yield Conflict(f, s, audit._kind(fa, sa), fa, sa)
+                yield Conflict(f, s, audit.kind_of(fa, sa), fa, sa)
         active.append((lo, hi, op, acc))

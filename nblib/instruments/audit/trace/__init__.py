@@ -17,11 +17,11 @@ install/uninstall shape), sim (reads the simulator's own capture record), cuda (
 wrapped sync methods and Triton's launch hook, for real captures).
 """
 
-from nblib.instruments.trace.cuda import CudaRecording
-from nblib.instruments.trace.recorder import Recording
-from nblib.instruments.trace.records import Access, Alloc, CaptureTrace, Op, Step, op_name, stream_namer
-from nblib.instruments.trace.sim import SimRecording
-from nblib.instruments.trace.stacks import format_stack, python_stack, site, skip, user_frames
+from nblib.instruments.audit.trace.cuda import CudaRecording
+from nblib.instruments.audit.trace.recorder import Recording
+from nblib.instruments.audit.trace.records import Access, Alloc, CaptureTrace, Op, Step, op_name, stream_namer
+from nblib.instruments.audit.trace.sim import SimRecording
+from nblib.instruments.audit.trace.stacks import format_stack, python_stack, site, skip, user_frames
 
 RECORDERS = {"sim": SimRecording, "cuda": CudaRecording}
 

@@ -8,7 +8,7 @@ import re
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from nblib.instruments.trace.stacks import user_frames
+from nblib.instruments.audit.trace.stacks import user_frames
 
 
 @dataclass(eq=False)
