@@ -20,6 +20,10 @@ Tools (--tools):
   memcheck, racecheck         compute-sanitizer --tool memcheck / racecheck around one child per
                               group, which captures each target and replays it REPLAYS times;
   memcheck-nocache, ...       the same with PYTORCH_NO_CUDA_MEMORY_CACHING=1
+  tcgd                        torch-cudagraph-debug (PyPI): its TensorProbe on the step's output, the
+                              eager step's snapshot compared exactly with each of TCGD_REPLAYS natural
+                              replays' (compare_snapshots); targets of the TARGET contract (hf, dsv4)
+                              only, since it needs a step to run eagerly and captured
 A cell is race, clean, error (the tool or the capture failed: the why is its detail, taken from the
 tool's output), timeout, or not run (the why). --backend sim runs the audit tool on the simulator: a
 dry run of the plumbing on a CPU machine.
@@ -46,9 +50,10 @@ from nblib.core.files import write_json, write_text  # noqa: E402
 
 GROUPS = ("zoo", "miniature", "hf", "dsv4")
 SANITIZERS = ("memcheck", "racecheck", "memcheck-nocache", "racecheck-nocache")
-TOOLS = ("audit", "csan", *SANITIZERS)
-TIMEOUT = {"audit": 120, "csan": 120, **dict.fromkeys(SANITIZERS, 90)}  # seconds per child
+TOOLS = ("audit", "csan", *SANITIZERS, "tcgd")
+TIMEOUT = {"audit": 120, "csan": 120, "tcgd": 120, **dict.fromkeys(SANITIZERS, 90)}  # seconds per child
 REPLAYS = 3
+TCGD_REPLAYS = 20  # natural replays torch-cudagraph-debug compares with eager, as --confirm's N
 HF, DSV4 = "examples/audit/hf_moe.py", "examples/audit/dsv4_attention.py"
 MARK = "@@anchor "  # the child's marker lines: MARK + JSON
 # compute-sanitizer's report lines that name a finding (errors of memcheck, hazards of racecheck)
@@ -218,6 +223,50 @@ def run_csan(dev, name):
     return cell
 
 
+def run_tcgd(dev, name):
+    """torch-cudagraph-debug's eager-vs-graph differential on the step's output: a natural-timing
+    check, so a race counts as caught only where a replay actually differs from eager."""
+    import torch
+
+    from nblib.instruments.audit import target as audit_target
+
+    if dev.name != "cuda":
+        return Cell(verdict="not run", detail="torch-cudagraph-debug needs CUDA")
+    if name.startswith(("zoo:", "miniature:")):
+        return Cell(verdict="not run", detail="not a TARGET-contract step (no eager run of its own)")
+    try:
+        from torch_cudagraph_debug.tensor_debug import (
+            RecordAction,
+            TensorComparisonOptions,
+            TensorProbe,
+            compare_snapshots,
+        )
+    except ImportError as e:
+        return Cell(verdict="not run", detail=f"torch-cudagraph-debug not importable: {e}")
+    step = audit_target.load(name).fn(dev)
+    rewind, stream = getattr(step, "rewind", lambda: None), torch.cuda.current_stream()
+    eager = TensorProbe("eager", [RecordAction()], when="always")
+    rewind()
+    with dev.serial():  # the reference runs in host order: no overlap for a race to lose
+        eager(step(), name="output")
+    want = eager.snapshot(synchronize=stream)
+    probe = TensorProbe("graph", [RecordAction()])
+    rewind()
+    g = dev.CUDAGraph()
+    with dev.graph(g):
+        probe(step(), name="output")
+    exact, differ = TensorComparisonOptions(mode="exact"), 0
+    for _ in range(TCGD_REPLAYS):
+        rewind()
+        g.replay()
+        differ += not compare_snapshots(want, probe.snapshot(synchronize=stream), options=exact).ok
+    del g  # the graph goes before the probe's captured resources
+    probe.close(synchronize=False)
+    eager.close()
+    verdict = "race" if differ else "clean"
+    return Cell(verdict=verdict, detail=f"{differ} of {TCGD_REPLAYS} natural replays differ from eager")
+
+
 def child(tool, backend, names):
     """Each target in turn between start and end markers, so a sanitizer's lines (printed on the
     same stdout) fall between the markers of the target that caused them."""
@@ -227,7 +276,7 @@ def child(tool, backend, names):
     from nblib.backends.device import get
 
     dev = get(backend)
-    runner = {"audit": run_audit, "csan": run_csan}.get(tool, run_capture)
+    runner = {"audit": run_audit, "csan": run_csan, "tcgd": run_tcgd}.get(tool, run_capture)
     for name in names:
         print(MARK + json.dumps(dict(event="start", target=name)), flush=True)
         t0 = time.perf_counter()
@@ -387,7 +436,7 @@ def markdown(table):
     ]
     meta = ", ".join(f"{k} {v}" for k, v in table.meta.items())
     return "\n\n".join([
-        "# Who catches what: the capture audit, CSAN and compute-sanitizer",
+        "# Who catches what: the capture audit, CSAN, compute-sanitizer and torch-cudagraph-debug",
         f"Produced by `python scripts/gpu_audit_anchors.py` ({meta}).",
         "## Per tool", markdown_table([s.model_dump() for s in table.summary]),
         "## Per target (seconds: the target's work inside the child)", markdown_table(rows),
