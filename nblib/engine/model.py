@@ -99,9 +99,6 @@ class ModelConfig:
         if self.max_ctx % PAGE:
             raise ValueError(f"max_ctx must be a multiple of the page size {PAGE}, got {self.max_ctx}")
 
-    def with_knobs(self, **knobs):
-        return replace(self, **knobs)
-
 
 @dataclass
 class WeightSet:
