@@ -285,9 +285,6 @@ class Canary:
         keep[sample_free(keep, self.free_sample, self._rng)] = True
         return torch.nonzero(keep).flatten()  # a sync: the count sizes the checksum kernel
 
-    def checksums(self, page_ids=None):
-        return host_page_checksums(self.cache, page_ids).cpu()
-
     def before(self, step=None):
         self._step_pages = None  # fresh each replay, even when the same step dict comes back
         if step is not None:
