@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from nblib.backends.capture_rules import AT_CALL, AT_NEXT_CALL, EAGER, RULES
 from nblib.backends.sim import SimCaptureError, SimDevice
-from nblib.backends.sim.rules import AT_CALL, AT_NEXT_CALL, EAGER, RULES
 from nblib.core.paths import ROOT
 from nblib.instruments import audit
 from nblib.instruments.audit import graph_check as audit_graph

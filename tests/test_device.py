@@ -105,8 +105,8 @@ def test_a_dead_graph_is_not_destroyed_inside_a_later_capture(backend):
 def test_without_the_pause_the_simulator_fails_the_capture_as_cuda_does(monkeypatch):
     """The same sequence with the collector running inside the capture: the simulator models
     cudaGraphExecDestroy inside a capture, and the capture fails (so the test above can fail)."""
+    from nblib.backends.capture_rules import SimCaptureError
     from nblib.backends.sim import graph as sim_graph
-    from nblib.backends.sim.rules import SimCaptureError
 
     monkeypatch.setattr(sim_graph.collector, "paused", contextlib.nullcontext)
     dev = device.get("sim")

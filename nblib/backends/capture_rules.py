@@ -1,16 +1,23 @@
-"""What a capture forbids, in one place. The simulator raises SimCaptureError where CUDA (or torch's
-capture bindings) refuses a call or invalidates the capture; each error names its Rule, and the
-Rule names the CUDA error it stands for and when CUDA reports it (Rule.reported), so the audit can
-say which rule a line broke on either backend, and scripts/gpu_audit_zoo.py can measure the same
-cases on CUDA for the parity table.
-
-As on CUDA, a violation also invalidates the capture underway: if the caller catches the error and
-carries on, the capture still fails when it ends. Where CUDA accepts the illegal call and only
-invalidates the capture (AT_NEXT_CALL), so does the simulator (invalidate()): the next captured op,
-or capture_end, raises the "invalidated" error, whose .cause names the rule broken.
+"""What a stream capture forbids, in one place: CUDA's rules, shared by both backends. Each Rule names
+the CUDA error it stands for and when CUDA reports it (Rule.reported), so the audit can say which rule
+a line broke on either backend, and scripts/gpu_audit_zoo.py can measure the same cases on CUDA for
+the parity table. The simulator raises SimCaptureError where CUDA (or torch's capture bindings)
+refuses a call or invalidates the capture; each error names its Rule (nblib.backends.sim.rules
+raises them).
 """
 
 from typing import NamedTuple
+
+__all__ = [
+    "AT_CALL",
+    "AT_NEXT_CALL",
+    "CUDA_TEXTS",
+    "EAGER",
+    "RULES",
+    "SIM_ONLY",
+    "Rule",
+    "SimCaptureError",
+]
 
 
 class Rule(NamedTuple):
@@ -137,7 +144,7 @@ RULES = {
 
 
 # torch's message for each CUDA error -> the rule; the first rule listed wins a shared text
-CUDA_TEXTS = {}
+CUDA_TEXTS: dict[str, str] = {}
 for _r in RULES.values():
     if _r.cuda_text:
         CUDA_TEXTS.setdefault(_r.cuda_text, _r.name)
@@ -150,34 +157,3 @@ class SimCaptureError(RuntimeError):
     def __init__(self, message, rule=None, cause=None):
         super().__init__(message)
         self.rule, self.cause = rule, cause
-
-
-class Broken(NamedTuple):
-    """Why a capture is invalid: the rule broken and where."""
-
-    rule: str
-    detail: str
-
-    def __str__(self):
-        return f"{self.rule}: {self.detail}"
-
-
-def invalidate(dev, name, detail):
-    """Rule `name` broken where CUDA accepts the call and only invalidates the capture underway
-    (AT_NEXT_CALL): nothing is raised now; the next captured op, or capture_end, raises the
-    "invalidated" error with .cause `name`."""
-    cap = dev._cap
-    if cap is not None and cap.invalid is None:
-        cap.invalid = Broken(name, detail)
-
-
-def violation(dev, name, detail, cause=None):
-    """The error for breaking rule `name`; the capture underway (if any) is invalidated by it.
-    `cause`: for "invalidated", the Broken record of the earlier violation."""
-    rule = RULES[name]
-    cap = dev._cap
-    if cap is not None and cap.invalid is None and name != "invalidated":
-        cap.invalid = Broken(name, detail)
-    return SimCaptureError(
-        f"{detail}: {rule.says} ({rule.cuda_error})", rule=name, cause=cause.rule if cause else None
-    )

@@ -42,8 +42,8 @@ import torch
 import torch.nn.functional as F
 
 from kernels import indexer as kx
-from nblib.backends.sim.fastops import live_columns
 from nblib.core import files
+from nblib.core.live import live_columns
 from nblib.engine.buffers import PersistentBuffers
 
 INDEX_DTYPES = ("bf16", "fp8")
@@ -320,7 +320,7 @@ class DecodeModel:
             return kx.topk_indices_op(logits, self.cfg.topk)  # csi::topk_indices: Triton on CUDA
         if logits.device.type == "cpu" and not self.dev.is_current_stream_capturing():
             # the same indices from the columns before the -inf tail (a replay's top-k node takes
-            # the same shortcut, sim.fastops.SHORTCUTS); a capture records the op over every column
+            # the same shortcut, the simulator's fastops); a capture records the op over every column
             logits = logits[:, : live_columns(logits, self.cfg.topk)]
         return kx.topk_indices(logits, self.cfg.topk)
 

@@ -28,7 +28,7 @@ import torch
 
 from kernels import differential as kdiff
 from kernels import indexer as kx
-from nblib.backends.sim.fastops import live_ends
+from nblib.core.live import live_ends
 
 INPUTS = ("q", "head_w", "page_table", "seq_lens")
 

@@ -2,7 +2,7 @@
 
     rows = audit_parity.run(dev)      # one Row per case: what happened, the rule, captures again?
 
-Each case breaks one rule of stream capture (nblib.backends.sim.rules) inside an otherwise legal
+Each case breaks one rule of stream capture (nblib.backends.capture_rules) inside an otherwise legal
 capture, through the device facade, so the same code runs on both backends. The runner records
 whether the capture failed, the error's kind and first line, the rule the error itself names
 ("invalidated" where an earlier call broke the capture), the rule the audit names for it, and
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from nblib.backends.sim.rules import AT_NEXT_CALL, EAGER, RULES
+from nblib.backends.capture_rules import AT_NEXT_CALL, EAGER, RULES
 from nblib.instruments import audit
 
 N = 1024
@@ -35,7 +35,7 @@ N = 1024
 @dataclass(frozen=True)
 class Case:
     name: str
-    rule: str  # the rule it breaks (nblib.backends.sim.rules.RULES), or "legal"
+    rule: str  # the rule it breaks (nblib.backends.capture_rules.RULES), or "legal"
     run: object  # run(dev): capture something that breaks the rule
 
 

@@ -80,7 +80,7 @@ class HazardRecord(BaseModel):
 class Failure(BaseModel):
     stage: Literal["build", "capture"]
     message: str
-    rule: str | None = None  # the capture rule broken (nblib.backends.sim.rules.RULES)
+    rule: str | None = None  # the capture rule broken (nblib.backends.capture_rules.RULES)
     rule_says: str | None = None
     cuda_error: str | None = None
 
@@ -113,6 +113,10 @@ class TargetReport(BaseModel):
     def audit_report(self):
         """The underlying nblib.instruments.audit.Report (its graph and result too); None on failure."""
         return self._report
+
+    @audit_report.setter
+    def audit_report(self, rep):
+        self._report = rep
 
     def text(self):
         return render(self)

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nblib.backends import device as devices
-from nblib.backends.sim.rules import RULES
+from nblib.backends.capture_rules import RULES
 from nblib.instruments import audit as A
 from nblib.instruments.audit import confirm as audit_confirm
 from nblib.instruments.audit.records import (
@@ -216,8 +216,7 @@ def audit_step(step, dev, target=None, label=None):
         failure = capture_failure(e)
     still = capturing(dev)
     if still:  # audit_capture ends every capture it starts: one still open was begun by the step
-        if dev.name == "sim":
-            dev._cap.graph._abort()
+        dev.abort_capture()
         msg = f"after capturing {target}, {still}: the step must not begin a capture of its own"
         failure = Failure(stage="capture", message=msg)
     if failure is not None:
@@ -232,7 +231,7 @@ def audit_step(step, dev, target=None, label=None):
         hazards=[hazard_record(h) for h in rep.hazards],
         notes=list(rep.notes),
     )
-    out._report = rep
+    out.audit_report = rep
     return out
 
 
@@ -255,7 +254,7 @@ def capture_failure(e):
 def capturing(dev):
     """'' when nothing captures on `dev`, else what still does."""
     if dev.name == "sim":
-        return "the simulator is still capturing" if dev._cap is not None else ""
+        return "the simulator is still capturing" if dev.is_capturing() else ""
     return "the current CUDA stream is still capturing" if dev.is_current_stream_capturing() else ""
 
 
