@@ -80,11 +80,11 @@ def backend_notes(results):
 
 def _n00(r):
     """Which buckets corrupt, which alias, and where an alias stayed clean (the window's doing)."""
-    alias = sorted({a["bucket"] for a in r.aliases or [] if a["overlap"] == "on" and a["bucket"] > 1})
+    alias = sorted({a.bucket for a in r.aliases or [] if a.overlap == "on" and a.bucket > 1})
     reached = {
-        m["bucket"]
+        m.bucket
         for m in r.matrix or []
-        if (m["index_dtype"], m["mode"], m["overlap"]) == ("bf16", "graph", "on") and m["sessions"]
+        if (m.index_dtype, m.mode, m.overlap) == ("bf16", "graph", "on") and m.sessions
     }
     bad = (r.fingerprint.buckets_corrupting if r.fingerprint else None) or []
     quiet = [b for b in alias if b not in bad and b in reached]
@@ -100,7 +100,7 @@ def _n00(r):
 def _n02(r):
     notes = [divergence_note([a.model_dump() for a in (r.off, *r.designs)], r.recommended)]
     cost = r.overhead or []
-    if cost and not gpu_time(cost[0]["method"]):
+    if cost and not gpu_time(cost[0].method):
         notes.append(
             "The overhead ratios are the simulator's timing model: modelled kernel times, no launches."
         )

@@ -30,8 +30,20 @@ from nblib.publish import runindex
 from nblib.run import warm as warm_kernel
 from nblib.schema import params as P
 
-# 03 reuses 00's replays (same commit and parameters), so they share a lane; 05 reads every result
-LANES = (("00", "03", "07"), ("01", "02", "04", "06"))
+# Which notebook reads which one's results in the same output folder: notebook 03 reads 00's
+# (nblib.schema.results.load_if_any) and reuses its replays when they ran on the same commit with the
+# same parameters (nblib.studies.overlap.measured_matrix). 05 reads every result: it runs after the lanes.
+NEEDS: dict[str, str] = {"03": "00"}
+
+
+def with_needs(lanes: tuple[tuple[str, ...], ...], needs: dict[str, str]) -> tuple[tuple[str, ...], ...]:
+    """Each lane with every notebook that needs one of its notebooks right after that one, so a lane runs
+    what a notebook reads before the notebook itself."""
+    after = lambda n: tuple(m for m, need in needs.items() if need == n)
+    return tuple(tuple(x for n in lane for x in (n, *after(n))) for lane in lanes)
+
+
+LANES = with_needs((("00", "07"), ("01", "02", "04", "06")), NEEDS)
 
 
 def available(only=None):
