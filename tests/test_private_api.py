@@ -28,7 +28,6 @@ import triton.language as tl
 
 from nblib.core.paths import ROOT
 
-gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 VERSIONS = f"torch {torch.__version__}, triton {triton.__version__}"
 
 
@@ -133,7 +132,6 @@ def test_cuda_sanitizer_names_and_signatures():
 
 
 @pytest.mark.gpu
-@gpu
 def test_cuda_sanitizer_reports_its_own_control_race():
     """CSAN's documentation example, in a child (its hooks cannot be removed): it must report."""
     code = (
@@ -169,7 +167,6 @@ def test_memory_history_names_and_signatures():
 
 
 @pytest.mark.gpu
-@gpu
 def test_memory_history_records_alloc_and_free_with_stream_and_frames():
     """What scripts/alloc_trace.py and gpu_probe.py read from the trace: action, addr, size, stream,
     frames (filename, line, name)."""

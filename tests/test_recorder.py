@@ -1,5 +1,6 @@
-"""The trace recorders patch nothing for longer than a recording, hold nothing of it afterwards, and
-never make the audited capture fail where a plain one would not."""
+"""The trace recorders (nblib.instruments.audit.trace) install their patches and give them back,
+patch nothing for longer than a recording, hold nothing of it afterwards, never make the audited
+capture fail where a plain one would not, and refuse an unknown backend."""
 
 import gc
 import types
@@ -101,11 +102,7 @@ def test_a_finished_recording_is_freed_by_refcount_alone(backend):
             gc.enable()
 
 
-gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-
-
 @pytest.mark.gpu
-@gpu
 def test_cuda_recording_of_a_raising_capture_restores_the_originals_and_captures_again():
     from nblib.backends.device import get
 
@@ -141,3 +138,32 @@ def test_a_patched_inherited_name_is_removed_again():
     assert Child().f() == "patched"
     rec._restore()
     assert "f" not in Child.__dict__ and Child().f() == "base"
+
+
+def test_cuda_recorder_installs_and_restores_its_patches():
+    """Runs on any machine: the patched names exist in this torch and triton, and come back."""
+    import triton
+
+    names = [
+        (torch.cuda.CUDAGraph, "capture_begin"),
+        (torch.cuda.CUDAGraph, "capture_end"),
+        (torch.cuda.Event, "record"),
+        (torch.cuda.Event, "wait"),
+        (torch.cuda.Stream, "wait_event"),
+        (torch.cuda.Stream, "wait_stream"),
+        (torch.cuda.Stream, "record_event"),
+    ]
+    before = [getattr(c, n) for c, n in names]
+    hooks = list(triton.knobs.runtime.launch_enter_hook.calls)
+    with audit.recording(types.SimpleNamespace(name="cuda")) as rec:
+        assert isinstance(rec, trace.CudaRecording)
+        assert all(a != b for a, b in zip([getattr(c, n) for c, n in names], before))
+        assert any(getattr(h, "__self__", None) is rec for h in triton.knobs.runtime.launch_enter_hook.calls)
+        assert rec.captures == [] and rec.report().ok
+    assert [getattr(c, n) for c, n in names] == before
+    assert triton.knobs.runtime.launch_enter_hook.calls == hooks
+
+
+def test_recording_refuses_an_unknown_backend():
+    with pytest.raises(ValueError, match="no capture recorder"):
+        audit.recording(types.SimpleNamespace(name="cpu"))
