@@ -41,11 +41,13 @@ MYPY_FILES := kernels nblib/core nblib/lab \
 	nblib/engine/buffers.py nblib/engine/build.py nblib/engine/references.py nblib/engine/runner.py \
 	nblib/engine/workload.py \
 	nblib/instruments/canary.py nblib/instruments/canary_graph.py nblib/instruments/csan.py \
-	nblib/instruments/overhead.py nblib/instruments/probes.py \
+	nblib/instruments/gediff.py nblib/instruments/overhead.py nblib/instruments/probes.py \
 	nblib/studies/counts.py nblib/studies/designs.py nblib/studies/design_evidence.py \
 	nblib/studies/fix.py nblib/studies/forced.py nblib/studies/method.py nblib/studies/microbatch.py \
 	nblib/studies/protocol.py \
-	nblib/schema/speed.py
+	nblib/schema/speed.py \
+	nblib/publish/browse.py nblib/publish/caveats.py nblib/publish/pages.py nblib/publish/results_runs.py \
+	nblib/publish/runindex.py nblib/publish/show.py nblib/publish/site.py nblib/publish/sweep_site.py
 
 lint: .venv/.stamp
 	$(PY) -m ruff check .

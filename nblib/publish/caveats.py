@@ -6,15 +6,20 @@ simulator reports is its timing model's: simulated microseconds of the kernels a
 gives the replay and the eager work around it, with no launch costs. Figures, verdicts and
 the writeup say which, through these helpers, instead of a sentence written for a GPU."""
 
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+__all__ = ["GPU_TIMER", "backend_notes", "divergence_note", "gpu_time", "overhead_sentence", "timing_label"]
+
 GPU_TIMER = "cuda events"  # nblib.instruments.overhead.CUDA_EVENTS: timer's method on CUDA
 
 
-def gpu_time(method):
+def gpu_time(method: str | None) -> bool:
     """True when a timing method measured a GPU (CUDA events)."""
     return method == GPU_TIMER
 
 
-def timing_label(method):
+def timing_label(method: str | None) -> str:
     """What a timing method's numbers are, in the words a figure's axis or a verdict needs."""
     if gpu_time(method):
         return "GPU time (CUDA events)"
@@ -23,7 +28,7 @@ def timing_label(method):
     return "simulated: the calibrated timing model's kernel times, not a GPU's"
 
 
-def overhead_sentence(cost):
+def overhead_sentence(cost: Sequence[Mapping[str, Any]]) -> str:
     """The notebook 02 verdict's overhead clause, from overhead.replay_times rows (neither first):
     ratios over the plain replay, labelled with what they measured."""
     ratios = ", ".join(f"{r['instrument']} x{r['ratio']:.2f}" for r in cost[1:] if r["ratio"] is not None)
@@ -36,7 +41,7 @@ def overhead_sentence(cost):
     )
 
 
-def divergence_note(arms, recommended=None):
+def divergence_note(arms: Sequence[Mapping[str, Any]], recommended: str | None = None) -> str:
     """One sentence when a differential design diverged (notebook 02's arms, dicts), saying what a
     divergence is and, when the recommended design is among them, what that means for it; "" else."""
     seen = [a for a in arms if a.get("comparisons") and a.get("diverged")]
@@ -56,7 +61,7 @@ def divergence_note(arms, recommended=None):
     return s
 
 
-def backend_notes(results):
+def backend_notes(results: Mapping[str, Any]) -> list[tuple[str, str]]:
     """Where this run's backend changes what its numbers mean: [(notebook, sentence)], each from
     the run's own results (nblib.publish.report.load's mapping of nblib.schema.results models);
     nothing for a clean GPU run."""
