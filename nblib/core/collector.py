@@ -16,10 +16,13 @@ fails as it would without the pause.
 
 import contextlib
 import gc
+from collections.abc import Iterator
+
+__all__ = ["paused"]
 
 
 @contextlib.contextmanager
-def paused():
+def paused() -> Iterator[None]:
     """The cyclic collector off inside the block, back to its previous state after it."""
     was = gc.isenabled()
     gc.disable()

@@ -272,3 +272,29 @@ def _one_line(what, e):
 
 
 # ------------------------------------------------------------------------------------------------
+# the audit in a process of its own
+# ------------------------------------------------------------------------------------------------
+
+
+def main(argv=None):
+    """`python -m nblib.instruments.audit.target TARGET [--backend B]`: the report as JSON on stdout,
+    exit 0 clean, 1 a hazard, 2 a failed build or capture or a bad TARGET (one line on stderr); what
+    `python -m nblib audit TARGET --backend B --json` prints and exits with, for a caller below the
+    command line (nblib.studies.engines runs it as a child, beside its own audits)."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m nblib.instruments.audit.target")
+    p.add_argument("target")
+    p.add_argument("--backend", choices=("auto", "cuda", "sim"), default="auto")
+    args = p.parse_args(argv)
+    try:
+        rep = audit(args.target, args.backend)
+    except TargetError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(rep.model_dump_json(indent=2))
+    return rep.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
