@@ -100,9 +100,9 @@ def test_a_wrong_expectation_is_reported_as_wrong(sim_rows):
     """The verdict check can fail: a twin that reported a race, or a race of the wrong kind."""
     twin = next(r for r in sim_rows if r.expected == "clean")
     race = next(r for r in sim_rows if r.expected == "race")
-    fake = audit_zoo.Row(**{**twin.__dict__, "reported": "race", "kinds": ["write-after-write"]})
+    fake = audit_zoo.ZooRow(**{**twin.__dict__, "reported": "race", "kinds": ["write-after-write"]})
     assert not fake.right
-    wrong_kind = audit_zoo.Row(**{**race.__dict__, "kinds": ["no such kind"]})
+    wrong_kind = audit_zoo.ZooRow(**{**race.__dict__, "kinds": ["no such kind"]})
     assert not wrong_kind.right
 
 
@@ -215,7 +215,7 @@ def test_the_parity_table_compares_the_kind_of_failure():
 
     def cuda(case, outcome, named):
         error = "AcceleratorError: CUDA error: ..." if named else ""
-        return audit_parity.Row(
+        return audit_parity.ParityRow(
             case, sim[case].rule, "cuda", outcome, error, named, named, captures_again=True
         )
 
@@ -233,7 +233,9 @@ def test_the_parity_table_compares_the_kind_of_failure():
         assert not t[c]["same"] and t[c]["as_documented"] and "eagerly" in t[c]["documented_difference"]
     t = audit_parity.table([sim[merge]], [cuda(merge, "error", "merge")])  # at the call: the same too
     assert t[0]["same"] and t[0]["as_documented"]
-    at_the_wait = audit_parity.Row(merge, "merge", "sim", "error", "SimCaptureError: ...", "merge", "merge")
+    at_the_wait = audit_parity.ParityRow(
+        merge, "merge", "sim", "error", "SimCaptureError: ...", "merge", "merge"
+    )
     assert not audit_parity.table([at_the_wait], [cuda(merge, "error", "invalidated")])[0]["same"]
 
 

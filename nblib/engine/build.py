@@ -1,5 +1,5 @@
-"""The engine assembled from a profile's plain values: one place for what every study and
-instrument used to spell out by hand.
+"""The engine assembled from a profile's plain values: one place that every study and
+instrument builds through, so none of them spells the assembly out by hand.
 
     m = build.model(dev, profile["model"], index_dtype="bf16", overlap="on")
     run = build.bucket_run(runner, profile["workload"], bucket=8)   # run.result, run.counts

@@ -79,7 +79,7 @@ class ModelConfig:
     trunk_layers: int = 0  # main-branch layers between the fork and the MLP (the race's lead)
     trunk_width: int = 2048
     # indexer programs per request: 0 fills the GPU (the main branch then waits for SMs, and the
-    # race's margin no longer depends on the contexts); n > 0 leaves SMs to the overlapped main
+    # race's margin does not depend on the contexts); n > 0 leaves SMs to the overlapped main
     # branch, so the indexer's time follows the longest context in the batch
     indexer_programs: int = 0
     # the indexer's top-k: "torch" (torch.topk, several kernels, as the campaign's engine ran it) or

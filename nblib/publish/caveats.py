@@ -83,7 +83,7 @@ def backend_notes(results: Mapping[str, Any]) -> list[tuple[str, str]]:
     return notes
 
 
-def _n00(r):
+def _reproduce_notes(r):
     """Which buckets corrupt, which alias, and where an alias stayed clean (the window's doing)."""
     alias = sorted({a.bucket for a in r.aliases or [] if a.overlap == "on" and a.bucket > 1})
     reached = {
@@ -102,7 +102,7 @@ def _n00(r):
     return [s]
 
 
-def _n02(r):
+def _differential_notes(r):
     notes = [divergence_note([a.model_dump() for a in (r.off, *r.designs)], r.recommended)]
     cost = r.overhead or []
     if cost and not gpu_time(cost[0].method):
@@ -112,13 +112,13 @@ def _n02(r):
     return notes
 
 
-def _n03(r):
+def _overlap_notes(r):
     if r.csan is None and r.backend != "cuda":
         return ["PyTorch's CUDA sanitizer instruments CUDA only: not run on this backend."]
     return []
 
 
-def _n04(r):
+def _fix_notes(r):
     unjudged = [c.check for c in r.checks or [] if c.holds is None]
     if not unjudged:
         return []
@@ -128,5 +128,9 @@ def _n04(r):
     ]
 
 
-_NOTES = {"00_reproduce": _n00, "02_graph_vs_eager": _n02, "03_stream_overlap": _n03}
-_NOTES["04_persistent_buffer_fix"] = _n04
+_NOTES = {
+    "00_reproduce": _reproduce_notes,
+    "02_graph_vs_eager": _differential_notes,
+    "03_stream_overlap": _overlap_notes,
+}
+_NOTES["04_persistent_buffer_fix"] = _fix_notes

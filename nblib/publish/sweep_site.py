@@ -29,7 +29,7 @@ __all__ = [
     "POINTS",
     "RECORD",
     "Limit",
-    "Row",
+    "SweepRow",
     "build",
     "environment",
     "is_sweep",
@@ -43,7 +43,7 @@ FIGURE = "sweep.png"
 POINTS = "points"
 
 
-class Row(NamedTuple):
+class SweepRow(NamedTuple):
     """One line of the points' table: a point, one notebook, one arm of its headline rate."""
 
     point: str
@@ -100,7 +100,7 @@ def _corrupted(r):
     return f"{k}/{n} [{100 * r['lo']:.1f}%, {100 * r['hi']:.1f}%]"
 
 
-def rows(record: Mapping[str, Any], table: pd.DataFrame, linked: Collection[str]) -> list[Row]:
+def rows(record: Mapping[str, Any], table: pd.DataFrame, linked: Collection[str]) -> list[SweepRow]:
     """The points' table, in sweep.json's point order; `linked`: the points that have a site."""
     keys = list(record["grid"])
     points = {p["point"]: p for p in record["points"]}
@@ -108,7 +108,7 @@ def rows(record: Mapping[str, Any], table: pd.DataFrame, linked: Collection[str]
     for r in table.to_dict("records"):
         p = points.get(r["point"], {})
         out.append(
-            Row(
+            SweepRow(
                 point=r["point"],
                 page=f"{POINTS}/{r['point']}/index.html" if r["point"] in linked else None,
                 values=[_shown(p.get("values", {}).get(k)) for k in keys],

@@ -22,7 +22,7 @@ underway: the recorder allocates many Python objects per op, which would trigger
 inside the capture that a plain capture does not; a collection there can free a stale CUDAGraph
 (cudaGraphExecDestroy) or a Triton kernel (cuModuleUnload) kept alive by someone's reference
 cycle, which CUDA forbids while a stream captures and which invalidates the capture. (torch 2.9+
-no longer collects before capture; see pytorch PR 161037.)
+does not collect before capture; see pytorch PR 161037.)
 """
 
 import gc
