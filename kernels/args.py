@@ -5,13 +5,23 @@ dtypes, devices, strides), so the checks never sync and are safe inside CUDA gra
 import torch
 from triton.runtime.interpreter import InterpretedFunction
 
+__all__ = ["launchable", "need", "same_device", "tensor"]
 
-def need(ok, msg):
+
+def need(ok: object, msg: str) -> None:
     if not ok:
         raise ValueError(msg)
 
 
-def tensor(name, x, dtypes=None, ndim=None, shape=None, contiguous=False, last_contiguous=False):
+def tensor(
+    name: str,
+    x: torch.Tensor,
+    dtypes: torch.dtype | tuple[torch.dtype, ...] | None = None,
+    ndim: int | None = None,
+    shape: tuple[int | None, ...] | None = None,
+    contiguous: bool = False,
+    last_contiguous: bool = False,
+) -> None:
     """x is a torch.Tensor with one of `dtypes`, `ndim` dims, `shape` (None entries: any size).
     The messages are formatted only on failure: every custom op on the CPU checks its arguments
     at every call, so the passing path stays free of string work."""
@@ -34,12 +44,12 @@ def tensor(name, x, dtypes=None, ndim=None, shape=None, contiguous=False, last_c
         need(False, f"{name} must be contiguous in its last dim")
 
 
-def same_device(**tensors):
+def same_device(**tensors: torch.Tensor) -> None:
     devices = {str(x.device) for x in tensors.values()}
     need(len(devices) == 1, f"{', '.join(tensors)} must be on one device, got {sorted(devices)}")
 
 
-def launchable(kernel, device):
+def launchable(kernel: object, device: torch.device) -> None:
     """Triton kernels run on CUDA tensors (or anywhere under the Triton interpreter)."""
     need(
         device.type == "cuda" or isinstance(kernel, InterpretedFunction),

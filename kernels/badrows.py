@@ -21,12 +21,25 @@ from kernels import args as A
 from kernels.harness import median_us
 from kernels.launch import Case, Launch, run
 
+__all__ = [
+    "BAD_ROWS_CONFIG",
+    "bad_rows",
+    "bad_rows_",
+    "benchmark",
+    "check",
+    "compile_cases",
+    "plan_bad_rows",
+    "ref_bad_rows",
+]
+
 # ---------------------------------------------------------------------------
 # 1. Torch reference
 # ---------------------------------------------------------------------------
 
 
-def ref_bad_rows(out, ref_out, topk, ref_topk, tol):
+def ref_bad_rows(
+    out: torch.Tensor, ref_out: torch.Tensor, topk: torch.Tensor, ref_topk: torch.Tensor, tol: float
+) -> torch.Tensor:
     """uint8 [bs]: 1 where the row's top-k or output diverged from the reference."""
     bad = (topk != ref_topk).any(1)
     scale = ref_out.float().abs().amax(1).clamp(min=1.0)
@@ -87,7 +100,15 @@ def _rows(name, t, dtypes):
     A.need(t.stride(1) == 1, f"{name} must have contiguous rows (stride 1 along dim 1), got {t.stride()}")
 
 
-def plan_bad_rows(out, ref_out, topk, ref_topk, flags, tol, config=None):
+def plan_bad_rows(
+    out: torch.Tensor,
+    ref_out: torch.Tensor,
+    topk: torch.Tensor,
+    ref_topk: torch.Tensor,
+    flags: torch.Tensor,
+    tol: float,
+    config: dict | None = None,
+) -> Launch:
     floats, ints = (torch.bfloat16, torch.float16, torch.float32), (torch.int32, torch.int64)
     for name, t, dtypes in (("out", out, floats), ("ref_out", ref_out, floats)):
         _rows(name, t, dtypes)
@@ -111,7 +132,16 @@ def plan_bad_rows(out, ref_out, topk, ref_topk, flags, tol, config=None):
     return Launch(_bad_rows_kernel, (out.shape[0],), args, dict(num_warps=cfg["num_warps"]))
 
 
-def bad_rows_(out, ref_out, topk, ref_topk, flags, tol, *, config=None):
+def bad_rows_(
+    out: torch.Tensor,
+    ref_out: torch.Tensor,
+    topk: torch.Tensor,
+    ref_topk: torch.Tensor,
+    flags: torch.Tensor,
+    tol: float,
+    *,
+    config: dict | None = None,
+) -> torch.Tensor:
     """Triton: flags[b] = 1 where row b diverged (ref_bad_rows' definition). Allocates nothing."""
     launch = plan_bad_rows(out, ref_out, topk, ref_topk, flags, tol, config)
     A.launchable(launch.kernel, out.device)
@@ -120,7 +150,9 @@ def bad_rows_(out, ref_out, topk, ref_topk, flags, tol, *, config=None):
     return flags
 
 
-def bad_rows(out, ref_out, topk, ref_topk, tol):
+def bad_rows(
+    out: torch.Tensor, ref_out: torch.Tensor, topk: torch.Tensor, ref_topk: torch.Tensor, tol: float
+) -> torch.Tensor:
     """The rows that diverged: the kernel on CUDA, the reference elsewhere."""
     if out.device.type == "cuda":
         flags = torch.empty(out.shape[0], dtype=torch.uint8, device=out.device)
@@ -128,7 +160,7 @@ def bad_rows(out, ref_out, topk, ref_topk, tol):
     return ref_bad_rows(out, ref_out, topk, ref_topk, tol)
 
 
-def compile_cases(arch):
+def compile_cases(arch: int) -> list[Case]:
     out, topk = torch.zeros(40, 4096, dtype=torch.bfloat16), torch.zeros(40, 512, dtype=torch.int32)
     flags = torch.empty(40, dtype=torch.uint8)
     launch = plan_bad_rows(out, out, topk, topk, flags, 1e-2)
@@ -140,7 +172,7 @@ def compile_cases(arch):
 # ---------------------------------------------------------------------------
 
 
-def check(device="cuda", bs=40, width=4096, k=512, seed=0):
+def check(device: str = "cuda", bs: int = 40, width: int = 4096, k: int = 512, seed: int = 0) -> dict:
     """Kernel vs reference on a step where some rows differ in one top-k entry, some in one output
     value above the tolerance, one just below it, and rows with NaN and inf in the output or the
     reference (where torch's amax decides the verdict)."""
@@ -156,10 +188,10 @@ def check(device="cuda", bs=40, width=4096, k=512, seed=0):
     out[8, 0], ref[8, 0] = float("inf"), float("inf")  # inf - inf: NaN
     # a NaN beside a difference above the tolerance: torch's amax is NaN, so the row is not flagged
     out[9, 0], out[9, 1] = float("nan"), ref[9, 1].float() + 0.5 * scale[9]
-    args = [t.to(device) for t in (out, ref, topk, ref_topk)]
+    out, ref, topk, ref_topk = (t.to(device) for t in (out, ref, topk, ref_topk))
     flags = torch.empty(bs, dtype=torch.uint8, device=device)
-    got = bad_rows_(*args, flags, 1e-2)
-    want = ref_bad_rows(*args, 1e-2)
+    got = bad_rows_(out, ref, topk, ref_topk, flags, 1e-2)
+    want = ref_bad_rows(out, ref, topk, ref_topk, 1e-2)
     if not torch.equal(got, want):
         raise AssertionError(f"rows differ: kernel {got.tolist()} vs reference {want.tolist()}")
     if got[:4].tolist() != [0, 1, 1, 0] or got[9] != 0:
@@ -174,13 +206,13 @@ def check(device="cuda", bs=40, width=4096, k=512, seed=0):
 # ---------------------------------------------------------------------------
 
 
-def benchmark(bs=40, width=4096, k=512, device="cuda"):
+def benchmark(bs: int = 40, width: int = 4096, k: int = 512, device: str = "cuda") -> list[dict]:
     """Rows for the bench table: a gpu-profile step (bucket 40), the kernel against torch."""
     ref = torch.randn(bs, width, device=device).bfloat16()
     topk = torch.randint(0, 1 << 16, (bs, k), device=device, dtype=torch.int32)
     out, flags = ref.clone(), torch.empty(bs, dtype=torch.uint8, device=device)
     nbytes = 2 * (ref.numel() * ref.element_size() + topk.numel() * topk.element_size())
-    rows = []
+    rows: list[dict] = []
     for name, fn in (
         ("triton_bad_rows", lambda: bad_rows_(out, ref, topk, topk, flags, 1e-2)),
         ("torch_bad_rows", lambda: ref_bad_rows(out, ref, topk, topk, 1e-2)),

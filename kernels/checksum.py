@@ -18,6 +18,21 @@ from kernels import args as A
 from kernels.harness import median_us
 from kernels.launch import Case, Launch, run
 
+__all__ = [
+    "CHECKSUM_CONFIG",
+    "GOLDEN",
+    "OFFSET",
+    "benchmark",
+    "check",
+    "compile_cases",
+    "page_checksums",
+    "page_checksums_",
+    "page_words",
+    "plan_checksums",
+    "ref_page_checksums",
+    "weights",
+]
+
 # ---------------------------------------------------------------------------
 # 1. Torch reference
 # ---------------------------------------------------------------------------
@@ -26,7 +41,7 @@ GOLDEN = 2654435761  # Knuth's multiplicative hash constant
 OFFSET = 0x9E3779B9
 
 
-def page_words(cache):
+def page_words(cache: torch.Tensor) -> torch.Tensor:
     """The cache as [pages, words] int32 (a view): every page must be whole 32-bit words."""
     A.tensor("cache", cache, contiguous=True)
     A.need(cache.dim() >= 2, f"cache must be [pages, ...], got shape {tuple(cache.shape)}")
@@ -35,11 +50,11 @@ def page_words(cache):
     return cache.view(torch.uint8).view(cache.shape[0], -1).view(torch.int32)
 
 
-def weights(n_words, device):
+def weights(n_words: int, device: torch.device | str) -> torch.Tensor:
     return (torch.arange(n_words, device=device, dtype=torch.int64) * GOLDEN + OFFSET) | 1
 
 
-def ref_page_checksums(cache, page_ids):
+def ref_page_checksums(cache: torch.Tensor, page_ids: torch.Tensor) -> torch.Tensor:
     """int64 [n]: the checksum of each page in page_ids (torch; wraps like the kernel)."""
     words = page_words(cache)[page_ids.long()]
     return (words.to(torch.int64) * weights(words.shape[1], cache.device)).sum(1)
@@ -74,7 +89,9 @@ def _page_checksum_kernel(words_ptr, ids_ptr, out_ptr, n_words, BLOCK: tl.conste
 CHECKSUM_CONFIG = dict(block=1024, num_warps=4)  # a 16 KB bf16 page: 4 steps of 4 KB
 
 
-def plan_checksums(cache, page_ids, out, config=None):
+def plan_checksums(
+    cache: torch.Tensor, page_ids: torch.Tensor, out: torch.Tensor, config: dict | None = None
+) -> Launch:
     words = page_words(cache)
     A.tensor("page_ids", page_ids, (torch.int32, torch.int64), ndim=1, contiguous=True)
     A.tensor("out", out, torch.int64, shape=(page_ids.shape[0],), contiguous=True)
@@ -84,7 +101,9 @@ def plan_checksums(cache, page_ids, out, config=None):
     return Launch(_page_checksum_kernel, (page_ids.shape[0],), args, dict(num_warps=cfg["num_warps"]))
 
 
-def page_checksums_(cache, page_ids, out, *, config=None):
+def page_checksums_(
+    cache: torch.Tensor, page_ids: torch.Tensor, out: torch.Tensor, *, config: dict | None = None
+) -> torch.Tensor:
     """Triton: out[j] = checksum of page page_ids[j]. Allocates nothing; ids are not range-checked
     (that would sync): keep them in [0, pages)."""
     launch = plan_checksums(cache, page_ids, out, config)
@@ -94,7 +113,7 @@ def page_checksums_(cache, page_ids, out, *, config=None):
     return out
 
 
-def page_checksums(cache, page_ids):
+def page_checksums(cache: torch.Tensor, page_ids: torch.Tensor) -> torch.Tensor:
     """Checksums of the chosen pages: the kernel on CUDA, the reference elsewhere."""
     if cache.device.type == "cuda":
         out = torch.empty(page_ids.shape[0], dtype=torch.int64, device=cache.device)
@@ -102,7 +121,7 @@ def page_checksums(cache, page_ids):
     return ref_page_checksums(cache, page_ids)
 
 
-def compile_cases(arch):
+def compile_cases(arch: int) -> list[Case]:
 
     ids, out = torch.zeros(512, dtype=torch.int32), torch.empty(512, dtype=torch.int64)
     return [
@@ -119,7 +138,7 @@ def compile_cases(arch):
 # ---------------------------------------------------------------------------
 
 
-def check(device="cuda", pages=300, dim=128, n=64, seed=0):
+def check(device: str = "cuda", pages: int = 300, dim: int = 128, n: int = 64, seed: int = 0) -> dict:
     """Kernel vs reference on random bf16 and fp8 caches (with repeated and boundary page ids),
     and the property the canary relies on: one changed or swapped entry changes the checksum."""
     g = torch.Generator(device="cpu").manual_seed(seed)
@@ -152,16 +171,16 @@ def check(device="cuda", pages=300, dim=128, n=64, seed=0):
 # ---------------------------------------------------------------------------
 
 
-def benchmark(pages=11000, n=1024, dim=128, device="cuda"):
+def benchmark(pages: int = 11000, n: int = 1024, dim: int = 128, device: str = "cuda") -> list[dict]:
     """Rows for the bench table: n chosen pages of a gpu-profile-sized bf16 cache, the kernel and
-    the torch reference on the same pages, and (what the canary does today) every page."""
+    the torch reference on the same pages, and every page (the canary's checksums without page_ids)."""
     cache = torch.randn(pages, 64, dim, device=device).bfloat16()
     ids = torch.randperm(pages, device=device)[:n].int()
     out = torch.empty(n, dtype=torch.int64, device=device)
     all_ids = torch.arange(pages, device=device, dtype=torch.int32)
     all_out = torch.empty(pages, dtype=torch.int64, device=device)
     page = 64 * dim * 2
-    rows = []
+    rows: list[dict] = []
     for name, fn, nbytes in (
         ("triton_checksum", lambda: page_checksums_(cache, ids, out), n * page),
         ("torch_checksum", lambda: ref_page_checksums(cache, ids), n * page),

@@ -41,7 +41,22 @@ from functools import cache
 import torch
 import triton
 
-from kernels.launch import compile_for, facts, supports
+from kernels.launch import Case, compile_for, facts, supports
+
+__all__ = [
+    "ARCHS",
+    "CANDIDATE_COLS",
+    "FULL",
+    "TENSOR_CORE_OP",
+    "TMA_OP",
+    "candidate_rows",
+    "cases",
+    "count_op",
+    "ctas_per_sm",
+    "inspect",
+    "main",
+    "shared_limit",
+]
 
 ARCHS = (80, 89, 90, 100, 120)
 FULL = (90, 100)  # every case; the other targets one per kernel and data dtype
@@ -50,12 +65,12 @@ TENSOR_CORE_OP = {80: MMA, 89: MMA, 90: WGMMA, 100: TCGEN05, 120: MMA}
 TMA_OP = "cp.async.bulk.tensor"
 
 
-def count_op(ptx, op):
+def count_op(ptx: str, op: str) -> int:
     """Instructions op in ptx, as a whole mnemonic ("mma.sync" is not counted inside "wgmma...")."""
     return len(re.findall(r"(?<![\w.])" + re.escape(op) + r"\b", ptx))
 
 
-def shared_limit(arch):
+def shared_limit(arch: int) -> int:
     """Opt-in shared memory per block on arch (kernels.launch.ARCH_FACTS)."""
     return facts(arch).smem_per_block
 
@@ -63,7 +78,7 @@ def shared_limit(arch):
 def _modules():
     from kernels import badrows, checksum, differential, logits_check, topk
 
-    return (logits_check, topk, checksum, differential, badrows)  # topk lists topk_radix's cases too
+    return (logits_check, topk, checksum, differential, badrows)  # topk lists topk_fused's cases too
 
 
 def _signature(case):
@@ -75,12 +90,12 @@ def _signature(case):
 
 
 @cache
-def cases(arch):
+def cases(arch: int) -> list[Case]:
     """Every kernel's launches for arch, from the launchers themselves (their compile_cases)."""
     every = [case for m in _modules() for case in m.compile_cases(arch)]
     if arch in FULL:
         return every
-    first = {}
+    first: dict[tuple[str, str], Case] = {}
     for case in every:
         first.setdefault(_signature(case), case)
     return list(first.values())
@@ -112,7 +127,7 @@ def _refusal(case, arch):
                 compiles=not error, compile_error=error)  # fmt: skip
 
 
-def inspect(case, arch):
+def inspect(case: Case, arch: int) -> dict:
     """Compile case for arch; the report as a dict (see the module docstring)."""
     if case.refused:
         return _refusal(case, arch)
@@ -148,7 +163,7 @@ def inspect(case, arch):
     )
 
 
-def ctas_per_sm(shared, regs, num_warps, arch=90):
+def ctas_per_sm(shared: int, regs: int, num_warps: int, arch: int = 90) -> int:
     """CTAs an SM of arch can hold (about): its shared memory (the per-block opt-in plus the 1 KB
     CUDA reserves per CTA), 64K registers, and its resident threads."""
     f = facts(arch)
@@ -202,13 +217,13 @@ def _rows(job, pairs, jobs):
         return list(pool.map(job, *zip(*pairs)))
 
 
-def candidate_rows(arch, jobs=1):
+def candidate_rows(arch: int, jobs: int = 1) -> list[dict]:
     """Every config of the logits sweep's space for arch, compiled: what each would cost on that
     target (the evidence for the table's entries on an architecture we cannot run)."""
     return _rows(_candidate_row, [(arch, i) for i in range(len(_candidates(arch)))], jobs)
 
 
-def main(argv=None):
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m kernels.compile_check", description=__doc__.splitlines()[0])
     p.add_argument("--arch", type=int, nargs="+", default=list(ARCHS), choices=ARCHS)
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="compiling processes")

@@ -8,8 +8,8 @@ logits tensors (the captured graph's and the eager recompute's),
                  not members; ties at the k-th value go to the lowest index)
 
 in one pass over both rows when they agree, which is every row of a healthy replay: entries that
-are equal in every position have equal top-k sets, so the selection (kernels.topk's radix select,
-over the whole row) runs only for rows that differ somewhere.
+are equal in every position have equal top-k sets, so the selection (a radix select over the whole
+row, kernels.topk_keys.radix_threshold) runs only for rows that differ somewhere.
 
 Two launches: _diff_chunks_kernel reads both rows once, spread over rows x chunks programs (each
 chunk's max_abs, count of differing entries and both argmaxes), and _diff_rows_kernel, one program
@@ -29,7 +29,20 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from kernels import args as A
 from kernels.harness import median_us
 from kernels.launch import Case, Launch, run
-from kernels.topk import _order_key, _selected, _threshold, order_keys, ref_topk_indices
+from kernels.topk import order_keys, ref_topk_indices
+from kernels.topk_keys import order_key, radix_selected, radix_threshold
+
+__all__ = [
+    "DIFF_CONFIG",
+    "DiffRows",
+    "benchmark",
+    "cases",
+    "check",
+    "compile_cases",
+    "differential",
+    "plan_differential",
+    "ref_differential",
+]
 
 
 class DiffRows(NamedTuple):
@@ -53,7 +66,7 @@ def _check_args(graph, eager, k):
     A.same_device(graph=graph, eager=eager)
 
 
-def ref_differential(graph, eager, k):
+def ref_differential(graph: torch.Tensor, eager: torch.Tensor, k: int) -> DiffRows:
     """DiffRows in torch, the definitions above spelled out."""
     _check_args(graph, eager, k)
     g, e = graph.float(), eager.float()
@@ -104,7 +117,7 @@ def _diff_chunks_kernel(
     ok = offs < width
     g = tl.load(g_ptr + row * stride_g + offs, mask=ok, other=0.0)
     e = tl.load(e_ptr + row * stride_e + offs, mask=ok, other=0.0)
-    gk, ek = _order_key(g), _order_key(e)
+    gk, ek = order_key(g), order_key(e)
     same = gk == ek  # float equality, with NaN == NaN (-0.0 == +0.0 as in floats)
     d = tl.abs(g - e)
     d = tl.where(d != d, float("inf"), d)  # noqa: PLR0124 (NaN: a number against NaN)
@@ -124,10 +137,10 @@ def _diff_chunks_kernel(
 
 @triton.jit
 def _topk_mismatch(g_row, e_row, width, K, BLOCK: tl.constexpr, RADIX_BITS: tl.constexpr):
-    """How many entries are in one row's top-k set and not the other's (kernels.topk's radix
-    select over each whole row, then one pass over both)."""
-    g_sel = _threshold(g_row, width, K, BLOCK, RADIX_BITS, False)
-    e_sel = _threshold(e_row, width, K, BLOCK, RADIX_BITS, False)
+    """How many entries are in one row's top-k set and not the other's (a radix select over each
+    whole row, kernels.topk_keys.radix_threshold, then one pass over both)."""
+    g_sel = radix_threshold(g_row, width, K, BLOCK, RADIX_BITS, False)
+    e_sel = radix_threshold(e_row, width, K, BLOCK, RADIX_BITS, False)
     g_ties = tl.zeros([], tl.int32)
     e_ties = tl.zeros([], tl.int32)
     mismatch = tl.zeros([], tl.int32)
@@ -136,8 +149,8 @@ def _topk_mismatch(g_row, e_row, width, K, BLOCK: tl.constexpr, RADIX_BITS: tl.c
         ok = offs < width
         g = tl.load(g_row + offs, mask=ok, other=0.0)
         e = tl.load(e_row + offs, mask=ok, other=0.0)
-        in_g, g_ties = _selected(_order_key(g), ok, g_sel[0], g_sel[1], g_sel[2], g_sel[3], g_ties)
-        in_e, e_ties = _selected(_order_key(e), ok, e_sel[0], e_sel[1], e_sel[2], e_sel[3], e_ties)
+        in_g, g_ties = radix_selected(order_key(g), ok, g_sel[0], g_sel[1], g_sel[2], g_sel[3], g_ties)
+        in_e, e_ties = radix_selected(order_key(e), ok, e_sel[0], e_sel[1], e_sel[2], e_sel[3], e_ties)
         in_g = in_g & (g != float("-inf"))  # -inf entries are not members (-1 in top-k)
         in_e = in_e & (e != float("-inf"))
         mismatch += tl.sum((in_g != in_e).to(tl.int32))
@@ -208,7 +221,14 @@ def _new_out(rows, dev):
     )
 
 
-def plan_differential(graph, eager, k, out=None, config=None, pdl=None):
+def plan_differential(
+    graph: torch.Tensor,
+    eager: torch.Tensor,
+    k: int,
+    out: DiffRows | None = None,
+    config: dict | None = None,
+    pdl: bool | None = None,
+) -> tuple[tuple[Launch, Launch], DiffRows]:
     """The two launches (chunks, then rows) and out (a DiffRows of max_abs float32, argmax/topk
     bool, [rows]; allocated on the current stream when None), with the chunks' figures in an int32
     [rows, 6, chunks] workspace. pdl: launch the rows kernel as a programmatic dependent of the
@@ -245,7 +265,14 @@ def plan_differential(graph, eager, k, out=None, config=None, pdl=None):
     return launches, out
 
 
-def differential(graph, eager, k, out=None, *, config=None):
+def differential(
+    graph: torch.Tensor,
+    eager: torch.Tensor,
+    k: int,
+    out: DiffRows | None = None,
+    *,
+    config: dict | None = None,
+) -> DiffRows:
     """DiffRows by the Triton kernels (float32 [rows, width] each, on CUDA). No host sync."""
     launches, out = plan_differential(graph, eager, k, out, config)
     for launch in launches:
@@ -256,7 +283,7 @@ def differential(graph, eager, k, out=None, *, config=None):
     return out
 
 
-def compile_cases(arch):
+def compile_cases(arch: int) -> list[Case]:
     """The model's shape, as a GPU of that arch runs it (from sm_90 the rows kernel is a
     programmatic dependent of the chunks kernel)."""
     g = torch.empty(64, 65536)
@@ -272,7 +299,9 @@ def compile_cases(arch):
 # ---------------------------------------------------------------------------
 
 
-def cases(device="cuda", rows=6, width=10000, k=64, seed=0):
+def cases(
+    device: str = "cuda", rows: int = 6, width: int = 10000, k: int = 64, seed: int = 0
+) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
     """(name, graph, eager): agreeing rows, and rows that differ in each of the three ways (width
     10000: three blocks of 4096, the last one partial)."""
     g = torch.Generator(device="cpu").manual_seed(seed)
@@ -310,7 +339,7 @@ def cases(device="cuda", rows=6, width=10000, k=64, seed=0):
     ] + [("ties", to(ties), to(ties_moved)), ("first_max", to(top), to(first))]
 
 
-def check(device="cuda", rows=6, width=10000, k=64):
+def check(device: str = "cuda", rows: int = 6, width: int = 10000, k: int = 64) -> dict:
     """The kernel equals ref_differential on every case, and each case shows what it should."""
     seen = {}
     for name, graph, eager in cases(device, rows, width, k):
@@ -327,16 +356,17 @@ def check(device="cuda", rows=6, width=10000, k=64):
 # ---------------------------------------------------------------------------
 
 
-def benchmark(rows=32, width=65536, k=512, device="cuda"):
+def benchmark(rows: int = 32, width: int = 65536, k: int = 512, device: str = "cuda") -> list[dict]:
     """Rows for the bench table: the kernel on agreeing rows (the instrument's steady state), the
-    torch reference (gediff today), and the kernel on rows that all differ (the rare case)."""
+    torch reference (the path this kernel replaces on CUDA), and the kernel on rows that all differ
+    (the rare case)."""
     g = torch.randn(rows, width, device=device)
     e = g.clone()
     e_diff = g.clone()
     e_diff[:, 0] = 1e30
     out = _new_out(rows, device)
     nbytes = 2 * g.numel() * 4
-    table = []
+    table: list[dict] = []
     for name, fn in (
         ("triton_differential", lambda: differential(g, e, k, out)),
         ("torch_differential", lambda: ref_differential(g, e, k)),

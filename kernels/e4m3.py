@@ -6,18 +6,20 @@ the simulator's largest single cost on the CPU (kernels.logits.ref_logits_fp8 ca
 
 import torch
 
-_E4M3_TABLES = {}
-_E4M3_PAIR_TABLES = {}
+__all__ = ["e4m3_to"]
+
+_E4M3_TABLES: dict[torch.dtype, torch.Tensor] = {}
+_E4M3_PAIR_TABLES: dict[torch.dtype, torch.Tensor] = {}
 _PAIR_WORD = {2: torch.int32, 4: torch.int64}  # a pair of converted values, as one word to gather
 
 
-def e4m3_to(raw, dtype):
+def e4m3_to(raw: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """uint8 bytes holding e4m3 values -> dtype, the same values as .view(float8_e4m3fn).to(dtype).
     On the CPU through tables (index_select), the simulator's largest single cost: torch's
     element-by-element fp8 conversion takes 4-6x the time of a table of the 65,536 byte pairs,
     each pair's two converted values gathered as one word (half the indices and index casts of a
-    byte table, 1.3-1.5x faster: scripts/bench_fp8_reference.py); the byte table where the bytes
-    cannot be read as pairs (an odd count or offset, a dtype wider than 4 bytes)."""
+    byte table, 1.3-1.5x faster: scripts/bench_fp8_reference.py at ec6fdfc); the byte table where
+    the bytes cannot be read as pairs (an odd count or offset, a dtype wider than 4 bytes)."""
     if raw.device.type != "cpu":
         return raw.view(torch.float8_e4m3fn).to(dtype)
     flat = raw.reshape(-1)

@@ -8,6 +8,7 @@ import os
 import statistics
 import subprocess
 import tempfile
+from collections.abc import Callable, Iterator
 
 import torch
 import triton
@@ -15,6 +16,20 @@ import triton
 from nblib.core import collector, tables
 from nblib.core.paths import ROOT
 from nblib.core.results import commit
+
+__all__ = [
+    "FLUSHES",
+    "FLUSH_BYTES",
+    "copy_row",
+    "flushing",
+    "markdown",
+    "median_us",
+    "meta",
+    "project_commit",
+    "replay_ms",
+    "write_atomic",
+    "write_table",
+]
 
 FLUSH_BYTES = 256 << 20  # larger than any GPU's L2 (H200: 50 MB), as do_bench's own flush
 # How the L2 is emptied before each timed call. "dirty" is do_bench's flush, a zero_ of FLUSH_BYTES:
@@ -35,7 +50,7 @@ def _checked(flush):
 
 
 @contextlib.contextmanager
-def flushing(flush):
+def flushing(flush: str) -> Iterator[None]:
     """with flushing("dirty"): median_us calls inside (that pass no flush) use that flush."""
     token = _FLUSH.set(_checked(flush))
     try:
@@ -44,7 +59,13 @@ def flushing(flush):
         _FLUSH.reset(token)
 
 
-def median_us(fn, rep_ms=100, calls=10, replays=25, flush=None):
+def median_us(
+    fn: Callable[..., object],
+    rep_ms: float = 100,
+    calls: int = 10,
+    replays: int = 25,
+    flush: str | None = None,
+) -> float:
     """GPU time of one call of fn in microseconds, L2 cold, without the host's launch cost.
 
     do_bench times each call between two events recorded from Python, so when the launcher's host
@@ -92,7 +113,7 @@ def _paired_ms(fn, calls, replays, flush):
     return [b - a for b, a in pairs]
 
 
-def replay_ms(graph, replays, warmup=1):
+def replay_ms(graph: torch.cuda.CUDAGraph, replays: int, warmup: int = 1) -> list[float]:
     """Milliseconds of each of `replays` replays of a captured CUDA graph, timed with CUDA events
     after `warmup` untimed ones: the one timing loop every graph measurement here uses."""
     for _ in range(warmup):
@@ -108,7 +129,7 @@ def replay_ms(graph, replays, warmup=1):
     return times
 
 
-def copy_row(nbytes=2 << 30, device="cuda"):
+def copy_row(nbytes: int = 2 << 30, device: str = "cuda") -> dict:
     """The yardstick: nbytes read and written by an elementwise kernel on the SMs, as a bench row.
     (A plain copy_ becomes a memcpy node in a CUDA graph, which the copy engines run at about two
     thirds of the SMs' bandwidth: 2.78 TB/s on the H200, a yardstick no kernel should be held to.)"""
@@ -118,7 +139,7 @@ def copy_row(nbytes=2 << 30, device="cuda"):
     return dict(name="copy", us=us, bytes=2 * nbytes, gbps=2 * nbytes / us * 1e-3)
 
 
-def project_commit():
+def project_commit() -> str:
     """This project's commit: NBLIB_COMMIT when set, else git's, but only when git's work tree is
     this project (a copy inside some other repository would report that repository's commit);
     "unknown" otherwise, never a wrong commit."""
@@ -133,7 +154,7 @@ def project_commit():
     return commit() or "unknown"  # git's HEAD (+dirty); "" when NBLIB_COMMIT is set but empty
 
 
-def meta(**extra):
+def meta(**extra: object) -> dict:
     """Commit (project_commit), device and versions: what produced a table."""
     return dict(
         commit=project_commit(),
@@ -144,7 +165,7 @@ def meta(**extra):
     )
 
 
-def markdown(rows, cols):
+def markdown(rows: list[dict], cols: list[str]) -> str:
     """A markdown table of the dicts in rows, one column per key in cols (missing -> blank)."""
 
     def fmt(v):
@@ -153,7 +174,7 @@ def markdown(rows, cols):
     return tables.from_dicts(rows, cols, fmt=fmt, empty=None)
 
 
-def write_atomic(path, text):
+def write_atomic(path: str | os.PathLike[str], text: str) -> None:
     """Write text to path through a temporary file in the same folder: never half a file."""
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
@@ -164,7 +185,9 @@ def write_atomic(path, text):
     os.replace(tmp, path)
 
 
-def write_table(out_dir, name, info, rows, cols):
+def write_table(
+    out_dir: str | os.PathLike[str] | None, name: str, info: dict, rows: list[dict], cols: list[str]
+) -> str:
     """<out_dir>/<name>.json (meta + rows) and <name>.md (meta line + table); returns the markdown."""
     md = f"{json.dumps(info)}\n\n{markdown(rows, cols)}\n"
     if out_dir:

@@ -5,8 +5,6 @@ topk_indices: same arguments, same result up to ties at the k-th value (lowest i
 `python -m kernels.indexer ...` is `python -m kernels ...`."""
 
 from kernels.logits import (
-    BF16_CONFIG,
-    FP8_CONFIG,
     indexer_logits_bf16_,
     indexer_logits_fp8_,
     ref_logits_bf16,
@@ -30,9 +28,7 @@ from kernels.paged import (
 from kernels.topk import ref_topk_indices, topk_indices, topk_indices_triton
 
 __all__ = [
-    "BF16_CONFIG",
     "DIM",
-    "FP8_CONFIG",
     "FP8_MAX",
     "FP8_PAGE_BYTES",
     "PAGE",

@@ -14,13 +14,35 @@ What runs where (kernels.logits_configs has the configs):
 """
 
 from functools import cache
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource, make_backend
 from triton.runtime.jit import create_function_from_signature
+
+__all__ = [
+    "ARCH_FACTS",
+    "ArchFacts",
+    "Case",
+    "DEFAULT_ARCH",
+    "FP_FUSION",
+    "KB",
+    "Launch",
+    "MIN_ARCH",
+    "Target",
+    "arch_of",
+    "compile_for",
+    "facts",
+    "num_sms",
+    "require",
+    "run",
+    "supports",
+    "target_for",
+    "target_of",
+    "target_running",
+]
 
 DEFAULT_ARCH = 90  # the interpreter on a CPU plays an H200
 KB = 1024
@@ -66,23 +88,23 @@ FP_FUSION = True
 
 
 class Launch(NamedTuple):
-    kernel: object  # a @triton.jit function (or, in tests, its interpreted twin)
+    kernel: Any  # a @triton.jit function (or, in tests, its interpreted twin)
     grid: tuple
     args: dict  # every kernel parameter by name, constexprs included
     options: dict  # num_warps, num_stages
 
-    def call_kwargs(self):
+    def call_kwargs(self) -> dict:
         """What kernel[grid](...) takes: the arguments, then the options, FP fusion explicit
         (the interpreter drops what it has no use for)."""
         return {**self.args, "enable_fp_fusion": FP_FUSION, **self.options}
 
 
-def run(launch):
+def run(launch: Launch) -> object:
     """Launch it; the compiled kernel Triton returns (its n_regs, n_spills on a GPU)."""
     return launch.kernel[launch.grid](**launch.call_kwargs())
 
 
-def arch_of(device):
+def arch_of(device: torch.device) -> int:
     """Compute capability as an int (90 for sm_90); DEFAULT_ARCH off CUDA (the interpreter)."""
     if device.type != "cuda":
         return DEFAULT_ARCH
@@ -90,13 +112,13 @@ def arch_of(device):
     return 10 * major + minor
 
 
-def facts(arch):
+def facts(arch: int) -> ArchFacts:
     """The table's entry for arch, or for the nearest older architecture it has."""
     known = [a for a in ARCH_FACTS if a <= arch] or [min(ARCH_FACTS)]
     return ARCH_FACTS[max(known)]
 
 
-def target_for(arch):
+def target_for(arch: int) -> Target:
     """A Target for a GPU not held (compiling for it; the interpreter): the table's facts."""
     f = facts(arch)
     return Target(arch, f"sm_{arch}", f.sms, f.smem_per_block)
@@ -111,7 +133,7 @@ def _device_target(index):
     return Target(arch, p.name, p.multi_processor_count, smem)
 
 
-def target_of(device):
+def target_of(device: torch.device) -> Target:
     """The Target of device, read from it (SM count, opt-in shared memory per block); off CUDA,
     target_for(DEFAULT_ARCH): the interpreter plays an H200."""
     if device.type != "cuda":
@@ -119,12 +141,12 @@ def target_of(device):
     return _device_target(device.index if device.index is not None else torch.cuda.current_device())
 
 
-def num_sms(device):
+def num_sms(device: torch.device) -> int:
     """Streaming multiprocessors of device (132 on an H200; the interpreter pretends the same)."""
     return target_of(device).sms
 
 
-def supports(dtype, arch):
+def supports(dtype: str, arch: int) -> bool:
     """Whether a GPU of compute capability arch (90 for sm_90) runs the kernels on cache dtype
     "bf16" or "fp8"; the notebooks' setup leaves out the index dtypes this says no to."""
     if dtype not in MIN_ARCH:
@@ -132,7 +154,7 @@ def supports(dtype, arch):
     return arch >= MIN_ARCH[dtype]
 
 
-def require(dtype, target):
+def require(dtype: str, target: Target) -> None:
     """A one-line ValueError unless target runs dtype, before any compile (Triton's own error for
     fp8 on Ampere names no GPU and comes from deep inside the compiler)."""
     if not supports(dtype, target.arch):
@@ -144,7 +166,15 @@ def require(dtype, target):
         )
 
 
-def compile_for(launch, arch):
+def target_running(dtype: str, device: torch.device, arch: int | None = None) -> Target:
+    """The GPU a launch on cache dtype `dtype` is planned for: arch's (compiling for it), else
+    device's; a one-line ValueError (require) where it cannot run dtype."""
+    target = target_of(device) if arch is None else target_for(arch)
+    require(dtype, target)
+    return target
+
+
+def compile_for(launch: Launch, arch: int) -> object:
     """Compile launch for GPUTarget("cuda", arch, 32) without a GPU: the signature, constexprs and
     alignment/divisibility attributes come from Triton's binder, as at a real launch. (This uses
     JITFunction._pack_args, Triton 3.6's own step between binding and compiling.)"""
@@ -164,7 +194,7 @@ class Case(NamedTuple):
     """One kernel launch to compile: what a launcher would run on arch, and what it should get."""
 
     name: str
-    launch: object  # kernels.launch.Launch
+    launch: Launch
     tensor_core: bool  # has a tl.dot that must land on the tensor cores
     tma: bool  # loads through a tensor descriptor
     overlap: bool | None = None  # pipelined loads overlap the dot inside a CTA (None: no claim)

@@ -16,8 +16,8 @@ Layout of this file, top to bottom:
   3. launchers (no allocation: they run inside CUDA graph capture)
 
 Its check is in kernels.logits_check, its benchmark and launch-config sweep in kernels.logits_bench,
-its configs in kernels.logits_configs, the custom ops the model calls (csi::indexer_logits_*) in
-kernels.ops.
+its configs in kernels.logits_configs, its argument checks in kernels.logits_args, the custom ops
+the model calls (csi::indexer_logits_*) in kernels.ops.
 
 Run `python -m kernels --check` or `--bench [--out DIR]` on a GPU.
 """
@@ -29,16 +29,20 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from kernels import args as A
 from kernels.e4m3 import e4m3_to
-from kernels.launch import Launch, num_sms, require, run, target_for, target_of
-from kernels.logits_configs import CONFIGS, K_LOADS, as_config, config_for
-from kernels.paged import (
-    MAX_HEADS,
-    PAGE,
-    SUPPORTED_DIMS,
-    fp8_page_bytes,
-    live_len,
-    pad_logits,
-)
+from kernels.launch import Launch, Target, num_sms, run, target_running
+from kernels.logits_args import check_bf16_args, check_fp8_args
+from kernels.logits_configs import K_LOADS, LogitsConfig, launch_config
+from kernels.paged import PAGE, fp8_views, live_len, pad_logits
+
+__all__ = [
+    "indexer_logits_bf16_",
+    "indexer_logits_fp8_",
+    "plan",
+    "plan_bf16",
+    "plan_fp8",
+    "ref_logits_bf16",
+    "ref_logits_fp8",
+]
 
 # ---------------------------------------------------------------------------
 # 1. Torch references
@@ -81,7 +85,14 @@ def _ref_head_sum(q, k, w):
     return torch.bmm(scores, w.to(acc).unsqueeze(-1)).squeeze(-1)
 
 
-def ref_logits_bf16(q, w, kcache, page_table, seq_lens, max_len):
+def ref_logits_bf16(
+    q: torch.Tensor,
+    w: torch.Tensor,
+    kcache: torch.Tensor,
+    page_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    max_len: int,
+) -> torch.Tensor:
     """Torch reference: gather pages, one bmm, relu, weighted head sum -> [bs, max_len].
 
     Works for any float dtype of q/kcache (bf16 in production, float64 in check()).
@@ -93,7 +104,15 @@ def ref_logits_bf16(q, w, kcache, page_table, seq_lens, max_len):
     return pad_logits(_mask_(logits, seq_lens), max_len)
 
 
-def ref_logits_fp8(q, w, pages, page_table, seq_lens, max_len, compute_dtype=torch.bfloat16):
+def ref_logits_fp8(
+    q: torch.Tensor,
+    w: torch.Tensor,
+    pages: torch.Tensor,
+    page_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    max_len: int,
+    compute_dtype: torch.dtype = torch.bfloat16,
+) -> torch.Tensor:
     """Torch reference for the fp8 cache: gather pages, upcast e4m3 (exact in bf16), bmm.
 
     relu(qk * s) == relu(qk) * s because s > 0, so the scale is applied after the head sum.
@@ -327,45 +346,20 @@ def _indexer_logits_kernel(
 # 3. Launchers (configs: kernels.logits_configs; the compile check's cases: kernels.logits_check)
 # ---------------------------------------------------------------------------
 
-BENCH_SHAPE = dict(bs=32, ctx=65536, heads=64, dim=128)  # the issue's shape: one decode step
-_BF16_KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)  # fp16/fp32: test path
-BF16_CONFIG = CONFIGS["bf16", 9]._asdict()  # the H200's, as the benchmark records them
-FP8_CONFIG = CONFIGS["fp8", 9]._asdict()
 
-
-def _check_common(q, w, page_table, seq_lens, out):
-    A.tensor("q", q, ndim=3, last_contiguous=True)
-    bs, h, d = q.shape
-    A.need(d in SUPPORTED_DIMS, f"q's head dim D={d} is not supported; use one of {SUPPORTED_DIMS}")
-    A.need(1 <= h <= MAX_HEADS, f"q's heads H={h} must be in [1, {MAX_HEADS}]")
-    A.tensor("w", w, torch.float32, shape=(bs, h), last_contiguous=True)
-    A.tensor("page_table", page_table, torch.int32, shape=(bs, None), last_contiguous=True)
-    A.tensor("seq_lens", seq_lens, torch.int32, shape=(bs,), contiguous=True)
-    A.tensor("out", out, torch.float32, shape=(bs, None), last_contiguous=True)
-    max_len, max_pages = out.shape[1], page_table.shape[1]
-    A.need(
-        max_len % PAGE == 0 and max_len <= max_pages * PAGE,
-        f"out's width max_len={max_len} must be a multiple of {PAGE} and <= page_table's "
-        f"max_pages*{PAGE}={max_pages * PAGE}",
-    )
-    A.same_device(q=q, w=w, page_table=page_table, seq_lens=seq_lens, out=out)
-
-
-def _check_bf16_args(q, w, kcache, page_table, seq_lens, out):
-    _check_common(q, w, page_table, seq_lens, out)
-    A.tensor("q", q, _BF16_KERNEL_DTYPES)
-    A.tensor("kcache", kcache, q.dtype, shape=(None, PAGE, q.shape[2]), contiguous=True)
-    A.same_device(q=q, kcache=kcache)
-
-
-def _check_fp8_args(q, w, pages, page_table, seq_lens, out):
-    _check_common(q, w, page_table, seq_lens, out)
-    A.tensor("q", q, torch.float8_e4m3fn)
-    A.tensor("pages", pages, torch.uint8, shape=(None, fp8_page_bytes(q.shape[2])), contiguous=True)
-    A.same_device(q=q, pages=pages)
-
-
-def plan(q, w, k, scales, page_table, seq_lens, out, cfg, is_fp8, target, per_request=0):
+def plan(
+    q: torch.Tensor,
+    w: torch.Tensor,
+    k: torch.Tensor,
+    scales: torch.Tensor,
+    page_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    out: torch.Tensor,
+    cfg: LogitsConfig,
+    is_fp8: bool,
+    target: Target,
+    per_request: int = 0,
+) -> Launch:
     """The launch for these (already checked) arguments and config on target (kernels.launch.Target;
     its dtype is not checked here: plan_bf16 / plan_fp8 do). k: the bf16 cache or the fp8
     pages' e4m3 view, either one [rows, D] matrix for a descriptor (no copy, no device memory:
@@ -389,7 +383,7 @@ def plan(q, w, k, scales, page_table, seq_lens, out, cfg, is_fp8, target, per_re
         rows = k.view(-1, d)
         box = [PAGE if cfg.k_load == "tma" else 1, d]
         desc = TensorDescriptor(rows, list(rows.shape), list(rows.stride()), box)
-    grid = (bs, n_chunks)
+    grid: tuple[int, ...] = (bs, n_chunks)
     if cfg.persistent:
         grid = (min(bs * n_chunks, cfg.persistent * num_sms(q.device)),)
     args = dict(
@@ -424,46 +418,55 @@ def plan(q, w, k, scales, page_table, seq_lens, out, cfg, is_fp8, target, per_re
     return Launch(_indexer_logits_kernel, grid, args, options)
 
 
-def _target(kind, q, arch):
-    """The GPU to plan for: arch's (compiling for it), else q's device's; refused in one line
-    where it cannot run kind."""
-    target = target_of(q.device) if arch is None else target_for(arch)
-    require(kind, target)
-    return target
-
-
-def _config(config, kind, q, target):
-    """config as given (a LogitsConfig or its dict), else the table's entry for target, fitted to
-    its shared memory, at q's heads and dim."""
-    if config is not None:
-        return as_config(config)
-    return config_for(kind, target.arch, q.shape[1], q.shape[2], target.smem_per_block)
-
-
-def fp8_views(pages):
-    """Two dtype views of one buffer (views allocate no memory): e4m3 values, float32 scales."""
-    return pages.view(torch.float8_e4m3fn), pages.view(torch.float32)
-
-
-def plan_bf16(q, w, kcache, page_table, seq_lens, out, config=None, arch=None, per_request=0):
+def plan_bf16(
+    q: torch.Tensor,
+    w: torch.Tensor,
+    kcache: torch.Tensor,
+    page_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    out: torch.Tensor,
+    config: LogitsConfig | dict | None = None,
+    arch: int | None = None,
+    per_request: int = 0,
+) -> Launch:
     """The launch on arch (default: q's device); a one-line ValueError for a GPU without bf16."""
-    _check_bf16_args(q, w, kcache, page_table, seq_lens, out)
-    target = _target("bf16", q, arch)
-    cfg = _config(config, "bf16", q, target)
+    check_bf16_args(q, w, kcache, page_table, seq_lens, out)
+    target = target_running("bf16", q.device, arch)
+    cfg = launch_config(config, "bf16", q.shape[1], q.shape[2], target)
     return plan(q, w, kcache, kcache, page_table, seq_lens, out, cfg, False, target, per_request)
 
 
-def plan_fp8(q, w, pages, page_table, seq_lens, out, config=None, arch=None, per_request=0):
+def plan_fp8(
+    q: torch.Tensor,
+    w: torch.Tensor,
+    pages: torch.Tensor,
+    page_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    out: torch.Tensor,
+    config: LogitsConfig | dict | None = None,
+    arch: int | None = None,
+    per_request: int = 0,
+) -> Launch:
     """The launch on arch (default: q's device); a one-line ValueError for a GPU without fp8
     (compute capability below 8.9), naming it and saying to use bf16."""
-    _check_fp8_args(q, w, pages, page_table, seq_lens, out)
-    target = _target("fp8", q, arch)
-    cfg = _config(config, "fp8", q, target)
+    check_fp8_args(q, w, pages, page_table, seq_lens, out)
+    target = target_running("fp8", q.device, arch)
+    cfg = launch_config(config, "fp8", q.shape[1], q.shape[2], target)
     values, scales = fp8_views(pages)
     return plan(q, w, values, scales, page_table, seq_lens, out, cfg, True, target, per_request)
 
 
-def indexer_logits_bf16_(q, w, kcache, page_table, seq_lens, out, *, config=None, per_request=0):
+def indexer_logits_bf16_(
+    q: torch.Tensor,
+    w: torch.Tensor,
+    kcache: torch.Tensor,
+    page_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    out: torch.Tensor,
+    *,
+    config: LogitsConfig | dict | None = None,
+    per_request: int = 0,
+) -> None:
     """Triton: out[bs, max_len] = logits over a bf16 cache. Allocates nothing.
 
     q/kcache may also be float16/float32 (same dtype): a test path, because the
@@ -476,7 +479,17 @@ def indexer_logits_bf16_(q, w, kcache, page_table, seq_lens, out, *, config=None
         run(launch)
 
 
-def indexer_logits_fp8_(q, w, pages, page_table, seq_lens, out, *, config=None, per_request=0):
+def indexer_logits_fp8_(
+    q: torch.Tensor,
+    w: torch.Tensor,
+    pages: torch.Tensor,
+    page_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    out: torch.Tensor,
+    *,
+    config: LogitsConfig | dict | None = None,
+    per_request: int = 0,
+) -> None:
     """Triton: out[bs, max_len] = logits over an fp8 page cache (q is e4m3). Allocates nothing."""
     launch = plan_fp8(q, w, pages, page_table, seq_lens, out, config, per_request=per_request)
     A.launchable(launch.kernel, q.device)

@@ -8,6 +8,8 @@ that would adopt it. `python -m kernels --sweep --out DIR` writes the table. Bot
 cache dtypes this GPU runs (no fp8 below sm_89: kernels.launch.supports).
 """
 
+from collections.abc import Callable
+
 import torch
 
 from kernels.harness import median_us
@@ -21,15 +23,17 @@ from kernels.logits import (
 from kernels.logits_configs import candidates, config_for
 from kernels.paged import FP8_MAX, PAGE, quantize_fp8_pages
 
+__all__ = ["adopt_lines", "bench_inputs", "benchmark", "logit_bytes", "sweep"]
 
-def logit_bytes(bs, ctx, heads, dim, fp8):
+
+def logit_bytes(bs: int, ctx: int, heads: int, dim: int, fp8: bool) -> int:
     """Bytes a logits call must move: K (+ fp8 scales), q, w, page table, lengths, logits out."""
     k = bs * ctx * (dim + 4 if fp8 else 2 * dim)
     q = bs * heads * dim * (1 if fp8 else 2)
     return k + q + bs * heads * 4 + bs * (ctx // PAGE) * 4 + bs * 4 + bs * ctx * 4
 
 
-def bench_inputs(bs, ctx, heads, dim, device, seed=0):
+def bench_inputs(bs: int, ctx: int, heads: int, dim: int, device: str | torch.device, seed: int = 0) -> dict:
     """Full-length requests, each reading its own pages scattered over the cache (a permutation)."""
     g = torch.Generator(device=device).manual_seed(seed)
     n_pages = bs * ctx // PAGE
@@ -56,7 +60,9 @@ def _calls(x, config=None):
     )
 
 
-def benchmark(bs=32, ctx=65536, heads=64, dim=128, device="cuda"):
+def benchmark(
+    bs: int = 32, ctx: int = 65536, heads: int = 64, dim: int = 128, device: str = "cuda"
+) -> list[dict]:
     """Bench rows: both kernels with the table's configs and their torch references."""
     x = bench_inputs(bs, ctx, heads, dim, device)
     q, q8, w, pt, sl = (x[n] for n in ("q", "q8", "w", "page_table", "seq_lens"))
@@ -84,7 +90,15 @@ def _same_logits(out, want):
     return float((out[fin] - want[fin]).norm() / want[fin].norm().clamp_min(1e-30)) < 1e-4
 
 
-def sweep(bs=32, ctx=65536, heads=64, dim=128, device="cuda", rep_ms=40, progress=print):
+def sweep(
+    bs: int = 32,
+    ctx: int = 65536,
+    heads: int = 64,
+    dim: int = 128,
+    device: str = "cuda",
+    rep_ms: float = 40,
+    progress: Callable[[str], object] | None = print,
+) -> list[dict]:
     """One row per (kind, config): us, ok (logits match the default config's), and the best per
     kind flagged. Never raises on a config that fails: its row says why."""
     x = bench_inputs(bs, ctx, heads, dim, device)
@@ -119,7 +133,7 @@ def sweep(bs=32, ctx=65536, heads=64, dim=128, device="cuda", rep_ms=40, progres
     return rows
 
 
-def adopt_lines(rows):
+def adopt_lines(rows: list[dict]) -> list[str]:
     """The CONFIGS entries the sweep's winners would be, as text to paste (none: no winner)."""
     from kernels.logits_configs import LogitsConfig
 

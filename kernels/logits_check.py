@@ -3,13 +3,13 @@ page ids past each request's length point outside the cache (a stray read faults
 poisoned with NaN (an unwritten entry shows), and tolerances derived from the arithmetic.
 Also the launches kernels.compile_check compiles for each target (compile_cases)."""
 
+from collections.abc import Sequence
+
 import torch
 import triton
 
 from kernels.launch import Case, arch_of, supports, target_for
 from kernels.logits import (
-    BENCH_SHAPE,
-    fp8_views,
     indexer_logits_bf16_,
     indexer_logits_fp8_,
     plan,
@@ -18,8 +18,10 @@ from kernels.logits import (
     ref_logits_bf16,
     ref_logits_fp8,
 )
-from kernels.logits_configs import K_LOADS, as_config, config_for
-from kernels.paged import FP8_MAX, PAGE, fp8_page_bytes, quantize_fp8_pages
+from kernels.logits_configs import BENCH_SHAPE, K_LOADS, LogitsConfig, as_config, config_for
+from kernels.paged import FP8_MAX, PAGE, fp8_page_bytes, fp8_views, quantize_fp8_pages
+
+__all__ = ["CHECK_CASES", "TOL", "TOL_TORCH_REF", "check", "compile_cases", "make_inputs"]
 
 # ---------------------------------------------------------------------------
 # check(): kernels vs a float64 reference
@@ -33,7 +35,16 @@ TOL = {"bf16": 1e-3, "fp8": 2e-3}
 TOL_TORCH_REF = 1e-2
 
 
-def make_inputs(bs, seq_lens, heads, dim, max_len, device, seed=0, garbage_pages=True):
+def make_inputs(
+    bs: int,
+    seq_lens: Sequence[int] | torch.Tensor,
+    heads: int,
+    dim: int,
+    max_len: int,
+    device: str | torch.device,
+    seed: int = 0,
+    garbage_pages: bool = True,
+) -> dict:
     """Random inputs; page ids past each seq_len are out of range so a stray read faults."""
     g = torch.Generator(device="cpu").manual_seed(seed)
     seq_lens = torch.as_tensor(seq_lens, dtype=torch.int32)
@@ -48,13 +59,12 @@ def make_inputs(bs, seq_lens, heads, dim, max_len, device, seed=0, garbage_pages
     q = torch.randn(bs, heads, dim, generator=g)
     w = torch.randn(bs, heads, generator=g)
     k = torch.randn(num_pages, PAGE, dim, generator=g)
-    to = dict(device=device)
     return dict(
-        q=q.to(**to),
-        w=w.to(**to),
-        k=k.to(**to),
-        page_table=page_table.to(**to),
-        seq_lens=seq_lens.to(**to),
+        q=q.to(device),
+        w=w.to(device),
+        k=k.to(device),
+        page_table=page_table.to(device),
+        seq_lens=seq_lens.to(device),
         max_len=max_len,
     )
 
@@ -81,18 +91,18 @@ CHECK_CASES = [
 
 
 def check(
-    device="cuda",
-    bs=5,
-    seq_lens=None,
-    heads=64,
-    dim=128,
-    max_len=None,
-    dtypes=None,
-    seed=0,
-    tol=None,
-    fp32_operands=False,
-    config=None,
-):
+    device: str = "cuda",
+    bs: int = 5,
+    seq_lens: Sequence[int] | torch.Tensor | None = None,
+    heads: int = 64,
+    dim: int = 128,
+    max_len: int | None = None,
+    dtypes: tuple[str, ...] | list[str] | None = None,
+    seed: int = 0,
+    tol: dict[str, float] | None = None,
+    fp32_operands: bool = False,
+    config: LogitsConfig | dict | None = None,
+) -> dict:
     """Run the kernels on random inputs, compare to a float64 reference; return errors.
 
     fp32_operands: feed the "bf16" kernel fp32 copies (the CPU-interpreter test path).
@@ -177,7 +187,7 @@ def _refused_fp8(q8, w, pages, pt, sl, out, config, arch):
     return refused, plan(q8, w, *fp8_views(pages), pt, sl, out, c, True, target)
 
 
-def compile_cases(arch, config=None):
+def compile_cases(arch: int, config: LogitsConfig | dict | None = None) -> list[Case]:
     """The launches the table gives arch at the benchmark's shape (or config's, if given), and the
     other load paths arch has, for kernels.compile_check. CPU tensors: only their dtypes and
     alignment reach the compiler, so the cache can be tiny. Where the launcher refuses fp8 (below

@@ -46,8 +46,22 @@ committed sweep table shows them faster.
 
 from typing import NamedTuple
 
-from kernels.launch import facts
+from kernels.launch import Target, facts
 from kernels.paged import DIM
+
+__all__ = [
+    "BENCH_SHAPE",
+    "CONFIGS",
+    "K_LOADS",
+    "LogitsConfig",
+    "as_config",
+    "candidates",
+    "config_for",
+    "fit",
+    "launch_config",
+    "smem_budget",
+    "smem_estimate",
+]
 
 K_LOADS = ("ptr", "tma", "gather")  # gather: TMA gather4 rows, sm_100 and later only
 
@@ -64,7 +78,8 @@ class LogitsConfig(NamedTuple):
     # "prefetch": pointers issued one tile ahead
 
 
-CONFIGS = {
+BENCH_SHAPE = dict(bs=32, ctx=65536, heads=64, dim=128)  # the issue's shape: one decode step
+CONFIGS: dict[tuple, LogitsConfig] = {
     # the sweep's winners on the H200, timed from CUDA graph replays: K through a TMA descriptor,
     # one page a tile (outputs/bench/h200-97c3053/sweep.md: bf16 142 us, 150 with pointers); fp8's
     # scales loaded a tile ahead, 3 stages (h200-7f3c9a9/sweep.md: 79.4 us, 80.5-81.0 without)
@@ -83,7 +98,9 @@ CONFIGS = {
 }
 
 
-def config_for(kind, arch, heads=None, dim=None, smem_per_block=None):
+def config_for(
+    kind: str, arch: int, heads: int | None = None, dim: int | None = None, smem_per_block: int | None = None
+) -> LogitsConfig:
     """The launch config for cache dtype kind ("bf16" | "fp8") on compute capability arch, fitted
     to smem_per_block (the device's opt-in shared memory per block; None: the arch's, from
     kernels.launch.ARCH_FACTS)."""
@@ -93,7 +110,7 @@ def config_for(kind, arch, heads=None, dim=None, smem_per_block=None):
     return fit(entry, kind, dim or DIM, smem_per_block or facts(arch).smem_per_block)
 
 
-def fit(config, kind, dim, smem_per_block):
+def fit(config: LogitsConfig, kind: str, dim: int, smem_per_block: int) -> LogitsConfig:
     """config with pipeline stages taken off (down to 2) until its K ring fits smem_budget."""
     c, budget = config, smem_budget(smem_per_block)
     while c.num_stages > 2 and smem_estimate(kind, c.block_t, dim, c.num_stages) > budget:
@@ -101,7 +118,7 @@ def fit(config, kind, dim, smem_per_block):
     return c
 
 
-def as_config(config):
+def as_config(config: LogitsConfig | dict) -> LogitsConfig:
     """A LogitsConfig from a LogitsConfig or its dict, checked; one-line ValueError otherwise."""
     if not isinstance(config, LogitsConfig):
         try:
@@ -120,19 +137,31 @@ def as_config(config):
     return c
 
 
-def smem_budget(smem_per_block):
+def launch_config(
+    config: LogitsConfig | dict | None, kind: str, heads: int, dim: int, target: Target
+) -> LogitsConfig:
+    """config as given (a LogitsConfig or its dict, checked), else the table's entry for target at
+    these heads and dim, fitted to its shared memory."""
+    if config is not None:
+        return as_config(config)
+    return config_for(kind, target.arch, heads, dim, target.smem_per_block)
+
+
+def smem_budget(smem_per_block: int) -> int:
     """Bytes of K ring a config may keep: half what a CTA may opt in to, so two CTAs fit an SM
     (sm_90 / sm_100: 113 KB of 227; sm_80: 81 of 163; sm_89 / sm_120: 49 of 99)."""
     return smem_per_block // 2
 
 
-def smem_estimate(kind, block_t, dim, num_stages):
+def smem_estimate(kind: str, block_t: int, dim: int, num_stages: int) -> int:
     """Bytes of the K tile ring the pipeliner keeps (the dominant shared-memory user)."""
     elem = 1 if kind == "fp8" else 2
     return num_stages * block_t * dim * elem
 
 
-def candidates(kind, heads, dim, arch, smem_per_block=None):
+def candidates(
+    kind: str, heads: int, dim: int, arch: int, smem_per_block: int | None = None
+) -> list[LogitsConfig]:
     """The sweep's pruned space for (kind, heads, dim, arch): pointer loads around the measured
     defaults, TMA page tiles (sm_90+), TMA gather (sm_100+), each with and without a persistent
     grid at its best-guess shape; configs whose K ring cannot leave room for two CTAs per SM

@@ -13,15 +13,16 @@ from dataclasses import dataclass, replace
 import torch
 
 from kernels.logits import (
-    _check_bf16_args,
-    _check_fp8_args,
     indexer_logits_bf16_,
     indexer_logits_fp8_,
     ref_logits_bf16,
     ref_logits_fp8,
 )
+from kernels.logits_args import check_bf16_args, check_fp8_args
 from kernels.paged import PAGE, live_len, pad_logits
 from kernels.topk import ref_topk_indices, topk_indices_triton
+
+__all__ = ["OP_ROLES", "OpRoles", "indexer_logits_bf16", "indexer_logits_fp8", "topk_indices_op"]
 
 
 def _into(out, seq_lens, ref):
@@ -44,7 +45,7 @@ def _indexer_logits_bf16_op(
     out: torch.Tensor,
     per_request: int = 0,
 ) -> None:
-    _check_bf16_args(q, w, kcache, page_table, seq_lens, out)
+    check_bf16_args(q, w, kcache, page_table, seq_lens, out)
     _into(out, seq_lens, lambda n: ref_logits_bf16(q, w, kcache, page_table, seq_lens, n))
 
 
@@ -68,7 +69,7 @@ def _indexer_logits_fp8_op(
     out: torch.Tensor,
     per_request: int = 0,
 ) -> None:
-    _check_fp8_args(q, w, pages, page_table, seq_lens, out)
+    check_fp8_args(q, w, pages, page_table, seq_lens, out)
     _into(out, seq_lens, lambda n: ref_logits_fp8(q, w, pages, page_table, seq_lens, n))
 
 
@@ -82,12 +83,28 @@ def _(q, w, pages, page_table, seq_lens, out, per_request=0):
     return None
 
 
-def indexer_logits_bf16(q, w, kcache, page_table, seq_lens, out, per_request=0):
+def indexer_logits_bf16(
+    q: torch.Tensor,
+    w: torch.Tensor,
+    kcache: torch.Tensor,
+    page_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    out: torch.Tensor,
+    per_request: int = 0,
+) -> None:
     """per_request > 0: that many programs per request (kernels.logits.plan), else fill the GPU."""
     torch.ops.csi.indexer_logits_bf16(q, w, kcache, page_table, seq_lens, out, per_request)
 
 
-def indexer_logits_fp8(q, w, pages, page_table, seq_lens, out, per_request=0):
+def indexer_logits_fp8(
+    q: torch.Tensor,
+    w: torch.Tensor,
+    pages: torch.Tensor,
+    page_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    out: torch.Tensor,
+    per_request: int = 0,
+) -> None:
     torch.ops.csi.indexer_logits_fp8(q, w, pages, page_table, seq_lens, out, per_request)
 
 
@@ -111,7 +128,7 @@ def _(logits, k, lengths=None):
     return logits.new_empty(logits.shape[0], k, dtype=torch.int32)
 
 
-def topk_indices_op(logits, k, lengths=None):
+def topk_indices_op(logits: torch.Tensor, k: int, lengths: torch.Tensor | None = None) -> torch.Tensor:
     """kernels.topk's contract as a torch op (csi::topk_indices): the Triton kernel on CUDA, the
     exact reference on the CPU; ties at the k-th value go to the lowest index on both."""
     return torch.ops.csi.topk_indices(logits, k, lengths)
@@ -137,7 +154,7 @@ class OpRoles:
     programs: int | None = None  # programs per request (an int; 0 or absent: fill the GPU)
     entry_bytes: Callable[[torch.Tensor], int] | None = None  # from the cache tensor
 
-    def overload(self):
+    def overload(self) -> object:
         """The op's default overload (torch.ops.csi.<op>.default), registered above."""
         namespace, op = self.name.split("::")
         return getattr(getattr(torch.ops, namespace), op).default

@@ -17,6 +17,25 @@ import torch
 
 from kernels import args as A
 
+__all__ = [
+    "DIM",
+    "FP8_MAX",
+    "FP8_PAGE_BYTES",
+    "MAX_HEADS",
+    "PAGE",
+    "SUPPORTED_DIMS",
+    "dequantize_fp8_pages",
+    "fp8_page_bytes",
+    "fp8_scales",
+    "fp8_values",
+    "fp8_views",
+    "live_len",
+    "pad_logits",
+    "quantize_fp8_pages",
+    "write_entries_bf16_",
+    "write_entries_fp8_",
+]
+
 PAGE = 64  # entries per page
 DIM = 128  # index head dim
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
@@ -26,7 +45,7 @@ SUPPORTED_DIMS = (32, 64, 128)  # powers of two, >= 32 for the fp8 tensor-core d
 MAX_HEADS = 128
 
 
-def fp8_page_bytes(dim=DIM):
+def fp8_page_bytes(dim: int = DIM) -> int:
     """Bytes of one fp8 page at head dim `dim`: values then float32 scales."""
     return PAGE * dim + PAGE * 4
 
@@ -40,16 +59,21 @@ def _fp8_dim(pages):
     return pages.shape[1] // PAGE - 4
 
 
-def fp8_values(pages):
+def fp8_values(pages: torch.Tensor) -> torch.Tensor:
     """View [num_pages, PAGE, D] float8_e4m3fn of the value bytes (no copy)."""
     d = _fp8_dim(pages)
     return pages[:, : PAGE * d].view(torch.float8_e4m3fn).view(-1, PAGE, d)
 
 
-def fp8_scales(pages):
+def fp8_scales(pages: torch.Tensor) -> torch.Tensor:
     """View [num_pages, PAGE] float32 of the per-entry scales (no copy)."""
     d = _fp8_dim(pages)
     return pages[:, PAGE * d :].view(torch.float32)
+
+
+def fp8_views(pages: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two dtype views of one buffer (views allocate no memory): e4m3 values, float32 scales."""
+    return pages.view(torch.float8_e4m3fn), pages.view(torch.float32)
 
 
 def _quantize_rows(k):
@@ -61,7 +85,7 @@ def _quantize_rows(k):
     return vals, scale
 
 
-def quantize_fp8_pages(k):
+def quantize_fp8_pages(k: torch.Tensor) -> torch.Tensor:
     """k [num_pages, PAGE, D] float -> uint8 [num_pages, PAGE*D + PAGE*4]."""
     if k.dim() != 3 or k.shape[1] != PAGE:
         raise ValueError(f"k must be [num_pages, {PAGE}, D], got {tuple(k.shape)}")
@@ -72,7 +96,7 @@ def quantize_fp8_pages(k):
     return pages
 
 
-def dequantize_fp8_pages(pages):
+def dequantize_fp8_pages(pages: torch.Tensor) -> torch.Tensor:
     """uint8 fp8 pages -> float32 [num_pages, PAGE, D]."""
     return fp8_values(pages).float() * fp8_scales(pages).unsqueeze(-1)
 
@@ -89,14 +113,14 @@ def _check_write(name, cache, dtype, row_shape, slots, k):
     A.same_device(**{name: cache, "slots": slots, "k": k})
 
 
-def write_entries_bf16_(kcache, slots, k):
+def write_entries_bf16_(kcache: torch.Tensor, slots: torch.Tensor, k: torch.Tensor) -> None:
     """Store k [n, D] at flat slots (page * PAGE + offset). Graph-capture safe.
     Slots are not range-checked here (that would sync): out of range fails in index_put_."""
     _check_write("kcache", kcache, torch.bfloat16, (PAGE, k.shape[-1]), slots, k)
     kcache.view(-1, kcache.shape[-1])[slots.long()] = k.to(kcache.dtype)
 
 
-def write_entries_fp8_(pages, slots, k):
+def write_entries_fp8_(pages: torch.Tensor, slots: torch.Tensor, k: torch.Tensor) -> None:
     """Quantize k [n, D] and store values + scales at flat slots. Graph-capture safe."""
     A.tensor("k", k, ndim=2)
     A.need(k.shape[1] in SUPPORTED_DIMS, f"k's head dim D={k.shape[1]} must be one of {SUPPORTED_DIMS}")
@@ -110,7 +134,7 @@ def write_entries_fp8_(pages, slots, k):
     fp8_scales(pages)[page, off] = scale
 
 
-def live_len(seq_lens, max_len):
+def live_len(seq_lens: torch.Tensor, max_len: int) -> int:
     """Columns up to the longest request, rounded up to a page: every later column is -inf, so the
     references compute these only (the engine sizes max_len for its longest request, often far longer
     than a batch's). It reads the lengths on the host, so on CUDA (where the reference is a timed
@@ -121,7 +145,7 @@ def live_len(seq_lens, max_len):
     return min(max_len, -(-longest // PAGE) * PAGE)
 
 
-def pad_logits(logits, max_len, out=None):
+def pad_logits(logits: torch.Tensor, max_len: int, out: torch.Tensor | None = None) -> torch.Tensor:
     """[bs, L] live logits -> [bs, max_len], -inf beyond L; into `out` when given (no temporary)."""
     n = logits.shape[1]
     if out is None:

@@ -1,9 +1,8 @@
 """Top-k entry indices of the indexer logits: which cached entries the sparse attention reads.
 
     topk_indices(logits, k)                       torch.topk, then the contract below
-    topk_indices_triton(logits, k, lengths=None)  Triton: kernels.topk_fused (the default, TOPK_KERNEL),
-                                                  the "bound" pair below (kernel="bound"), or
-                                                  kernels.topk_radix (kernel="radix")
+    topk_indices_triton(logits, k, lengths=None)  Triton: kernels.topk_fused (the default, TOPK_KERNEL)
+                                                  or the "bound" pair below (kernel="bound")
 
 The contract (both): int32 [bs, k], the indices of the k largest logits of each row, -1 where the
 value is -inf, sorted ascending with the -1s last, so graph and eager results compare as sets.
@@ -15,8 +14,9 @@ The Triton kernel takes the lowest indices among them, as does ref_topk_indices 
 away from ties at the k-th value all three return the same set.
 
 The "bound" pair (65536 fp32 logits are 256 KB a row; one program per row could not read that fast):
-  1. _row_maxima_kernel, over many programs: map each float to a uint32 key whose unsigned order
-     is the float order, and keep the largest key of each sub-chunk (16 entries at 65536);
+  1. kernels.topk_keys.row_maxima_kernel, over many programs: map each float to a uint32 key
+     whose unsigned order is the float order, and keep the largest key of each sub-chunk (16
+     entries at 65536);
   2. _topk_kernel, one program per row:
      a. lower bound: the k-th largest sub-chunk maximum (k distinct entries reach it): its top
         8n bits from n histogram passes (config bound_passes n, 2 by default), or (n = 0) exact,
@@ -44,26 +44,44 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_wait
 
 from kernels import args as A
-from kernels import topk_fused, topk_radix
+from kernels import topk_fused
 from kernels.harness import median_us
-from kernels.launch import Case, Launch, run
-from kernels.topk_keys import (  # noqa: F401  (part of this module's API: kernels.differential, tests)
+from kernels.launch import Case, Launch
+from kernels.topk_keys import (
     NEG_INF_KEY,
-    _check_triton_args,
-    _kth_largest,
-    _kth_largest_prefix,
-    _order_key,
-    _row_maxima_kernel,
-    _sub_chunks,
     check_topk_args,
+    check_triton_args,
+    kth_largest,
+    kth_largest_prefix,
+    order_key,
+    radix_selected,
+    radix_threshold,
+    row_maxima_kernel,
+    run_launches,
+    sub_chunks,
 )
+
+__all__ = [
+    "KERNELS",
+    "TOPK_CONFIG",
+    "TOPK_KERNEL",
+    "benchmark",
+    "compile_cases",
+    "mask_lengths",
+    "order_keys",
+    "plan_topk",
+    "ref_topk_indices",
+    "topk_indices",
+    "topk_indices_triton",
+]
 
 # ---------------------------------------------------------------------------
 # 1. Torch references
 # ---------------------------------------------------------------------------
 
 
-def _mask_lengths(logits, lengths):
+def mask_lengths(logits: torch.Tensor, lengths: torch.Tensor | None) -> torch.Tensor:
+    """logits with entries t >= lengths[b] set to -inf (logits itself when lengths is None)."""
     if lengths is None:
         return logits
     t = torch.arange(logits.shape[1], device=logits.device)
@@ -78,17 +96,17 @@ def _to_contract(vals, idx):
     return torch.where(idx == big, -1, idx)
 
 
-def topk_indices(logits, k, lengths=None):
+def topk_indices(logits: torch.Tensor, k: int, lengths: torch.Tensor | None = None) -> torch.Tensor:
     """The contract above through torch.topk. No host sync: safe under CUDA graph capture."""
     check_topk_args(logits, k)
-    logits = _mask_lengths(logits, lengths)
+    logits = mask_lengths(logits, lengths)
     vals, idx = torch.topk(logits, k, dim=-1)
     return _to_contract(vals, idx)
 
 
-def order_keys(logits):
+def order_keys(logits: torch.Tensor) -> torch.Tensor:
     """int64 keys in [0, 2^32) whose order is the float order of float32 logits: NaN on top,
-    -0.0 == +0.0. The same map as the kernel's _order_key, in torch."""
+    -0.0 == +0.0. The same map as the kernels' order_key (kernels.topk_keys), in torch."""
     x = logits.float()
     bits = x.view(torch.int32).long() & 0xFFFFFFFF
     key = torch.where(bits >= 0x80000000, 0xFFFFFFFF - bits, bits | 0x80000000)
@@ -96,10 +114,10 @@ def order_keys(logits):
     return torch.where(torch.isnan(x), 0xFFFFFFFF, key)
 
 
-def ref_topk_indices(logits, k, lengths=None):
+def ref_topk_indices(logits: torch.Tensor, k: int, lengths: torch.Tensor | None = None) -> torch.Tensor:
     """The kernel's exact answer: the contract, ties at the k-th value broken by lowest index."""
     check_topk_args(logits, k)
-    logits = _mask_lengths(logits.float(), lengths)
+    logits = mask_lengths(logits.float(), lengths)
     idx = torch.sort(order_keys(logits), dim=1, descending=True, stable=True).indices[:, :k]
     return _to_contract(logits.gather(1, idx), idx)
 
@@ -107,59 +125,6 @@ def ref_topk_indices(logits, k, lengths=None):
 # ---------------------------------------------------------------------------
 # 2. Triton kernel
 # ---------------------------------------------------------------------------
-
-
-@triton.jit
-def _threshold(row, n, K, BLOCK: tl.constexpr, RADIX_BITS: tl.constexpr, KEYS: tl.constexpr):
-    """Radix select of the K-th largest key among the n entries row[0:n] (float logits, or with
-    KEYS their order keys as int32), RADIX_BITS per pass from the top. A 2^RADIX_BITS-bin
-    histogram of the next digit among keys that match the digits found so far gives the next
-    digit; stop once every key left in the chosen bin is taken. Returns (prefix, shift, k_rem,
-    take_all): entry t is selected if key >> shift > prefix, or == prefix and among the first
-    k_rem such."""
-    NUM_BINS: tl.constexpr = 1 << RADIX_BITS
-    bins = tl.arange(0, NUM_BINS)
-    take_all = n <= K
-    prefix = tl.zeros([], tl.uint32)
-    shift = tl.full([], 32, tl.int32)
-    k_rem = K + tl.zeros([], tl.int32)
-    done = take_all
-    for p in tl.static_range(32 // RADIX_BITS):
-        if not done:
-            SH: tl.constexpr = 32 - RADIX_BITS * (p + 1)
-            hist = tl.zeros([NUM_BINS], tl.int32)
-            for start in range(0, n, BLOCK):
-                offs = start + tl.arange(0, BLOCK)
-                ok = offs < n
-                if KEYS:
-                    key = tl.load(row + offs, mask=ok, other=0).to(tl.uint32, bitcast=True)
-                else:
-                    key = _order_key(tl.load(row + offs, mask=ok, other=0.0))
-                if p > 0:
-                    ok = ok & ((key >> (SH + RADIX_BITS)) == prefix)
-                hist += tl.histogram(((key >> SH) & (NUM_BINS - 1)).to(tl.int32), NUM_BINS, mask=ok)
-            # ge[d]: keys whose digit >= d; the k-th largest has the largest d with ge[d] >= k_rem
-            ge = tl.sum(hist) - tl.cumsum(hist, 0) + hist
-            d = tl.sum((ge >= k_rem).to(tl.int32)) - 1
-            k_rem -= tl.sum(tl.where(bins == d, ge - hist, 0))  # every key above bin d is taken
-            prefix = (prefix << RADIX_BITS) | d.to(tl.uint32)
-            shift = tl.full([], SH, tl.int32)
-            done = tl.sum(tl.where(bins == d, hist, 0)) == k_rem  # the whole bin is taken
-    return prefix, shift, k_rem, take_all
-
-
-@triton.jit
-def _selected(key, ok, prefix, shift, k_rem, take_all, ties):
-    """Which keys of a block _threshold's answer selects, given `ties` selected-bin keys in earlier
-    blocks (ties go to the lowest index); returns (selected, ties so far)."""
-    hi = key >> tl.minimum(shift, 31).to(tl.uint32)  # shift 32 only with take_all: unused
-    tie = ok & (hi == prefix)
-    rank = ties + tl.cumsum(tie.to(tl.int32), 0) - 1
-    # take_all as a block comparison: Triton 3.9's interpreter keeps a scalar bool's data int32,
-    # and a block or-ed with it is no longer a valid mask
-    every = (rank * 0 + take_all.to(tl.int32)) != 0
-    sel = ok & ((hi > prefix) | (tie & (rank < k_rem)) | every)
-    return sel, ties + tl.sum(tie.to(tl.int32))
 
 
 @triton.jit
@@ -206,9 +171,9 @@ def _topk_kernel(
     m_offs = tl.arange(0, NUM_MAX)
     maxima = tl.load(max_ptr + row * stride_m + m_offs).to(tl.uint32, bitcast=True)
     if BOUND_PASSES > 0:
-        lower = _kth_largest_prefix(maxima, K, BOUND_PASSES)
+        lower = kth_largest_prefix(maxima, K, BOUND_PASSES)
     else:
-        lower = _kth_largest(maxima, K, BOUND_BITS)
+        lower = kth_largest(maxima, K, BOUND_BITS)
 
     # 2b. the sub-chunks that reach it (no other holds a candidate), in index order. -inf entries
     # are never candidates: the contract reports them as -1 whichever are picked, and a row of
@@ -225,7 +190,7 @@ def _topk_kernel(
         sub = tl.load(s_row + j, mask=j < n_live, other=NUM_MAX)  # NUM_MAX * SUB >= width: masked
         t = tl.reshape(sub[:, None] * SUB + tl.arange(0, SUB)[None, :], [BLOCK])
         ok = t < n
-        key = _order_key(tl.load(x_row + t, mask=ok, other=0.0))
+        key = order_key(tl.load(x_row + t, mask=ok, other=0.0))
         cand = ok & (key >= lower) & (key > NEG_INF_KEY)
         dst = c + tl.cumsum(cand.to(tl.int32), 0) - 1
         tl.store(c_row + dst, t, mask=cand)
@@ -233,7 +198,7 @@ def _topk_kernel(
         c += tl.sum(cand.to(tl.int32))
 
     # 2d. radix select among the candidates, then 3. write them in index order
-    prefix, shift, k_rem, take_all = _threshold(ck_row, c, K, BLOCK, RADIX_BITS, True)
+    prefix, shift, k_rem, take_all = radix_threshold(ck_row, c, K, BLOCK, RADIX_BITS, True)
     taken = tl.zeros([], tl.int32)
     ties = tl.zeros([], tl.int32)
     for start in range(0, c, BLOCK):
@@ -241,7 +206,7 @@ def _topk_kernel(
         ok = offs < c
         idx = tl.load(c_row + offs, mask=ok, other=0)
         key = tl.load(ck_row + offs, mask=ok, other=0).to(tl.uint32, bitcast=True)
-        sel, ties = _selected(key, ok, prefix, shift, k_rem, take_all, ties)
+        sel, ties = radix_selected(key, ok, prefix, shift, k_rem, take_all, ties)
         sel = sel & (key != NEG_INF_KEY)  # -inf entries are reported as -1 (the padding)
         tl.store(o_row + taken + tl.cumsum(sel.to(tl.int32), 0) - 1, idx, mask=sel)
         taken += tl.sum(sel.to(tl.int32))
@@ -254,30 +219,37 @@ def _topk_kernel(
 # 3. Launcher
 # ---------------------------------------------------------------------------
 
-# From the graph-timed sweeps on the H200 ([32, 65536], k 512; outputs/bench/h200-*/sweep_topk.md):
-# at c76d4cd the histogram bound in 2 passes and 4-bit radix passes took 37.7 us against 44.5 for
-# the exact bound and 8 bits, the sub-chunk maxima launch alone 5.1 us (the one-program-per-row
-# select is the rest); at 7cc72f5 blocks of 1024 entries over 8 warps took 29.3 us against 41.8 for
-# 4096 over 16 (the select is latency-bound: smaller blocks, cheaper block-wide scans). At 07fb1c5
-# (clean L2 flush) the select launched as a programmatic dependent of the maxima kernel (pdl 1)
-# took 29.7 us against 30.0 without. Tried and not kept: where at most 1024 candidates came out
-# (random rows leave 536-573 at k 512), one descending tl.sort of (key << 32) | (2^32 - 1 - index)
-# in a block in place of the radix passes (exact, ties included): 28.1 us against 25.2 for the radix
-# select, 49.9 us with a block of 2048 (do_bench_cudagraph, a variant of 4164066 not committed).
-# The bitonic sort's log^2 stages cost more than the radix passes it replaces. Every config here
-# must compile without spills (tests/test_kernel_compile.py).
+# Why these values, from the graph-timed sweeps on the H200 ([32, 65536], k 512;
+# outputs/bench/h200-*/sweep_topk.md, each at the commit its folder names): the histogram bound in
+# 2 passes and 4-bit radix passes took 37.7 us against 44.5 for the exact bound and 8 bits (at
+# c76d4cd; the sub-chunk maxima launch alone 5.1 us, the one-program-per-row select the rest);
+# blocks of 1024 entries over 8 warps took 29.3 us against 41.8 for 4096 over 16 (at 7cc72f5: the
+# select is latency-bound, and smaller blocks make cheaper block-wide scans); the select launched
+# as a programmatic dependent of the maxima kernel (pdl 1) took 29.7 us against 30.0 without (at
+# 07fb1c5, clean L2 flush). Why a radix select and not a sort: where at most 1024 candidates come
+# out (random rows leave 536-573 at k 512), one descending tl.sort of (key << 32) | (2^32 - 1 -
+# index) in a block (exact, ties included) took 28.1 us against 25.2 for the radix select, 49.9 us
+# with a block of 2048 (do_bench_cudagraph): the bitonic sort's log^2 stages cost more than the
+# radix passes. Every config here must compile without spills (tests/test_kernel_compile.py).
 TOPK_CONFIG = dict(
     block=1024, num_warps=8, radix_bits=4, bound_bits=2, bound_passes=2, maxima=4096, maxima_warps=4, pdl=1
 )
 
 
-def plan_topk(logits, k, lengths=None, out=None, config=None, pdl=None):
+def plan_topk(
+    logits: torch.Tensor,
+    k: int,
+    lengths: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    config: dict | None = None,
+    pdl: bool | None = None,
+) -> tuple[Launch, Launch]:
     """The two launches (sub-chunk maxima, then select) for these arguments. Allocates on the
     current stream (inside a capture: from the graph's pool, as torch.topk's own temporaries):
     out when None, and workspaces, int32 [bs, NUM_MAX] twice and [bs, width] twice (the
     candidates and their keys). pdl: launch the select kernel as a programmatic dependent of the
     maxima kernel (None: where the device can, a CUDA GPU of sm_90 or later; config pdl 0 never)."""
-    _check_triton_args(logits, k, lengths, out)
+    check_triton_args(logits, k, lengths, out)
     cfg = dict(TOPK_CONFIG, **(config or {}))
     A.need(32 % cfg["radix_bits"] == 0, f"radix_bits must divide 32, got {cfg['radix_bits']}")
     A.need(32 % cfg["bound_bits"] == 0, f"bound_bits must divide 32, got {cfg['bound_bits']}")
@@ -286,7 +258,7 @@ def plan_topk(logits, k, lengths=None, out=None, config=None, pdl=None):
     dev = logits.device
     if out is None:
         out = torch.empty(bs, k, dtype=torch.int32, device=dev)
-    sub, num_max = _sub_chunks(width, k, cfg["maxima"])
+    sub, num_max = sub_chunks(width, k, cfg["maxima"])
     block = max(cfg["block"], sub)
     per_prog = max(1, min(num_max, 4096 // sub))  # 4096 entries per maxima program
     maxima = torch.empty(bs, num_max, dtype=torch.int32, device=dev)
@@ -333,7 +305,7 @@ def plan_topk(logits, k, lengths=None, out=None, config=None, pdl=None):
     )
     maxima_opts = dict(num_warps=cfg["maxima_warps"])
     return (
-        Launch(_row_maxima_kernel, (bs, num_max // per_prog), maxima_args, maxima_opts),
+        Launch(row_maxima_kernel, (bs, num_max // per_prog), maxima_args, maxima_opts),
         Launch(
             _topk_kernel, (bs,), select_args, dict(num_warps=cfg["num_warps"], num_stages=1, launch_pdl=pdl)
         ),
@@ -341,40 +313,38 @@ def plan_topk(logits, k, lengths=None, out=None, config=None, pdl=None):
 
 
 # Which kernels topk_indices_triton runs: "fused" (kernels.topk_fused: the bound once per row, then
-# the filter over several programs per row and the select in the row's last one), "radix"
-# (kernels.topk_radix: the same filter and select as two launches, the bound in every program) or
-# "bound" (the two kernels above: one select program per row). On an H200, [32, 65536] fp32, k 512
-# (outputs/bench/h200-b6db959-topk/bench.md): fused 21.8 us, bound 29.2, radix 54.0. ncu there: the
-# bound pair's select issues about 0.3 instructions a cycle per scheduler (latency-bound: a few
-# warps of one program per row through dependent block-wide reductions), and radix's candidates
-# kernel, a bound in every one of 512 programs (16 warps, one an SM), took 40 us alone.
+# the filter over several programs per row and the select in the row's last one) or "bound" (the
+# two kernels above: one select program per row). fused is the default because it is the faster:
+# on an H200, [32, 65536] fp32, k 512 (outputs/bench/h200-b6db959-topk/bench.md), fused 21.8 us,
+# bound 29.2. ncu there: the bound pair's select issues about 0.3 instructions a cycle per
+# scheduler (latency-bound: a few warps of one program per row through dependent block-wide
+# reductions).
 TOPK_KERNEL = "fused"
-KERNELS = ("radix", "bound", "fused")
+KERNELS = ("bound", "fused")
 
 
-def topk_indices_triton(logits, k, lengths=None, out=None, *, config=None, kernel=None):
+def topk_indices_triton(
+    logits: torch.Tensor,
+    k: int,
+    lengths: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    *,
+    config: dict | None = None,
+    kernel: str | None = None,
+) -> torch.Tensor:
     """The contract above, by a Triton kernel (ties: lowest index). float32 logits on CUDA;
     out (int32 [bs, k]) is filled and returned, or allocated when None. kernel: one of KERNELS
-    (None: TOPK_KERNEL); config: that kernel's (kernels.topk_fused.FUSED_CONFIG,
-    kernels.topk_radix.RADIX_CONFIG or TOPK_CONFIG)."""
+    (None: TOPK_KERNEL); config: that kernel's (kernels.topk_fused.FUSED_CONFIG or TOPK_CONFIG)."""
     kernel = kernel or TOPK_KERNEL
     A.need(kernel in KERNELS, f"kernel must be one of {', '.join(KERNELS)}, got {kernel!r}")
-    if kernel == "radix":
-        return topk_radix.topk_indices_radix(logits, k, lengths, out, config=config)
     if kernel == "fused":
         return topk_fused.topk_indices_fused(logits, k, lengths, out, config=config)
-    maxima, select = plan_topk(logits, k, lengths, out, config)
-    A.launchable(select.kernel, logits.device)
-    if logits.shape[0]:
-        run(maxima)
-        run(select)
-    return select.args["out_ptr"]
+    return run_launches(plan_topk(logits, k, lengths, out, config), logits)
 
 
-def compile_cases(arch):
+def compile_cases(arch: int) -> list[Case]:
     """The launches for kernels.compile_check: the model's shape, with and without lengths, and
-    the select kernel with the exact bound."""
-
+    the select kernel with the exact bound; then kernels.topk_fused's."""
     x, lens = torch.empty(32, 65536), torch.zeros(32, dtype=torch.int32)
     cases = []
     for tag, lengths in (("", None), ("_lengths", lens)):
@@ -384,7 +354,7 @@ def compile_cases(arch):
     # the exact bound the sweep times (the interpreter does not hold constexprs to the rules)
     _, select = plan_topk(x, 512, config=dict(bound_passes=0), pdl=arch >= 90)
     cases.append(Case("topk_select_exact_bound", select, tensor_core=False, tma=False, pdl=arch >= 90))
-    return cases + topk_radix.compile_cases(arch) + topk_fused.compile_cases(arch)
+    return cases + topk_fused.compile_cases(arch)
 
 
 # ---------------------------------------------------------------------------
@@ -397,7 +367,7 @@ def compile_cases(arch):
 # ---------------------------------------------------------------------------
 
 
-def benchmark(bs=32, width=65536, k=512, device="cuda"):
+def benchmark(bs: int = 32, width: int = 65536, k: int = 512, device: str = "cuda") -> list[dict]:
     """Rows for the bench table: each of KERNELS and torch's top-k (the contract
     through torch.topk), on random rows, then on a graph's padded batch (the last quarter of the
     rows all -inf). Each kernel row names its torch row (vs), for the speedups."""
@@ -406,10 +376,10 @@ def benchmark(bs=32, width=65536, k=512, device="cuda"):
     padded[bs - bs // 4 :] = float("-inf")
     out = torch.empty(bs, k, dtype=torch.int32, device=device)
     nbytes = x.numel() * 4 + out.numel() * 4
-    rows = []
+    rows: list[dict] = []
     for tag, data in (("", x), ("_padded", padded)):
         torch_us = median_us(lambda data=data: topk_indices(data, k))
-        mine = []
+        mine: list[dict] = []
         for kernel in KERNELS:
             us = median_us(
                 lambda data=data, kernel=kernel: topk_indices_triton(data, k, out=out, kernel=kernel)

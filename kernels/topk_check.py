@@ -2,13 +2,17 @@
 torch.topk (as a set of values): random, tied, all -inf, fewer finite than k, NaN/inf/-0, one top
 entry per sub-chunk, lengths and short rows, with a guard past the k-th output column."""
 
+from typing import Any
+
 import torch
 import triton
 
-from kernels.topk import _mask_lengths, ref_topk_indices, topk_indices_triton
+from kernels.topk import mask_lengths, ref_topk_indices, topk_indices_triton
+
+__all__ = ["cases", "check", "check_rows"]
 
 
-def check_rows(logits, k, lengths=None, **kw):
+def check_rows(logits: torch.Tensor, k: int, lengths: torch.Tensor | None = None, **kw: Any) -> int:
     """Triton (kw: topk_indices_triton's kernel and config) vs ref_topk_indices (exact), and vs
     torch.topk as a set of values; returns the number of rows compared. Raises AssertionError on
     any difference, or on a write past k."""
@@ -22,7 +26,7 @@ def check_rows(logits, k, lengths=None, **kw):
         bad = (got != want).any(1).nonzero().flatten().tolist()
         raise AssertionError(f"top-k differs from ref_topk_indices in rows {bad[:10]}")
     # the same values as torch.topk picks (ties may pick other indices of equal value)
-    masked = _mask_lengths(logits.float(), lengths)
+    masked = mask_lengths(logits.float(), lengths)
     vals = torch.topk(masked, k, dim=1).values.sort(1).values
     ours = masked.gather(1, want.clamp_min(0).long()).masked_fill(want < 0, float("-inf")).sort(1).values
     same = (ours == vals) | (torch.isnan(ours) & torch.isnan(vals))
@@ -31,7 +35,9 @@ def check_rows(logits, k, lengths=None, **kw):
     return logits.shape[0]
 
 
-def cases(device="cuda", width=65536, k=512, bs=8, seed=0):
+def cases(
+    device: str = "cuda", width: int = 65536, k: int = 512, bs: int = 8, seed: int = 0
+) -> list[tuple[str, torch.Tensor, torch.Tensor | None]]:
     """Random, tied, all -inf, fewer finite than k, NaN/inf/-0, one top entry per sub-chunk,
     short (lengths, and a row of k + 3): (name, logits, lengths)."""
     g = torch.Generator(device="cpu").manual_seed(seed)
@@ -61,7 +67,9 @@ def cases(device="cuda", width=65536, k=512, bs=8, seed=0):
     ]
 
 
-def check(device="cuda", width=65536, k=512, bs=8, kernel=None):
+def check(
+    device: str = "cuda", width: int = 65536, k: int = 512, bs: int = 8, kernel: str | None = None
+) -> dict[str, int]:
     """Every case of cases() with one of kernels.topk.KERNELS (None: the default); returns
     {name: rows}."""
     return {name: check_rows(x, k, lens, kernel=kernel) for name, x, lens in cases(device, width, k, bs)}

@@ -3,9 +3,9 @@ exactly (int32 [bs, k], ascending, -1 for -inf, ties at the k-th value to the lo
 
     topk_indices_fused(logits, k, lengths=None, out=None, config=None)
 
-  1. kernels.topk_keys._row_maxima_kernel (grid rows x programs): the largest order key of each
+  1. kernels.topk_keys.row_maxima_kernel (grid rows x programs): the largest order key of each
      sub-chunk, the one read of the row from memory; it also zeroes the row's arrival counter;
-  2. kernels.topk_row_bound._row_bound_kernel (one program per row): the row's lower bound on its
+  2. kernels.topk_row_bound.row_bound_kernel (one program per row): the row's lower bound on its
      k-th largest key, the k-th largest sub-chunk maximum's top bits, once per row (in every
      program of 3 instead, it costs as many redundant histogram passes as a row has programs);
   3. _fused_kernel (grid rows x chunks of CHUNK entries): each program keeps the entries of its
@@ -18,8 +18,13 @@ The counter needs neither co-resident programs (no program waits for another: th
 does the work, the others exit) nor a reset between CUDA-graph replays (the maxima kernel, which
 every call runs first, zeroes it). Ordering: every thread's stores, a block barrier, then the
 counter's acq_rel atomic: the last program's acquire sees every list (CUDA's threadfence
-reduction). kernels.topk_radix runs the same filter and select as two kernels; here the select
-starts as soon as the row's last list is out, with no launch between.
+reduction). The select runs in the filter's launch so that it starts as soon as the row's last
+list is out, with no launch between.
+
+The candidate lists: program p of a row writes its candidates (index and key) at [p * CHUNK:] of
+the row's lists and their count at counts[row, p]; the chunks' lists one after another are the
+row's candidates in index order. Up to CAP of them are selected in registers; more (ties, sorted
+rows) take the select that reads the lists once per pass (exact, slower).
 
 Why the select is short: every candidate lies between the bound and the row's largest key, so the
 bits above the highest bit where those two differ are common to all; the radix passes (4 bits, a
@@ -41,15 +46,10 @@ from triton.language.extra.cuda import gdc_wait
 from kernels import args as A
 from kernels import topk_keys as T
 from kernels.launch import Case, Launch
-from kernels.topk_radix import (
-    _candidate_count,
-    _chosen,
-    _fill_unselected,
-    _gather,
-    _select_in_blocks,
-    _store_candidates,
-)
-from kernels.topk_row_bound import _pick_digit, _row_bound_kernel
+from kernels.topk_keys import NEG_INF_KEY, order_key
+from kernels.topk_row_bound import pick_digit, row_bound_kernel
+
+__all__ = ["FUSED_CONFIG", "compile_cases", "plan_topk_fused", "topk_indices_fused"]
 
 # ---------------------------------------------------------------------------
 # 1. Reference: kernels.topk.ref_topk_indices (the contract, ties to the lowest index)
@@ -59,6 +59,124 @@ from kernels.topk_row_bound import _pick_digit, _row_bound_kernel
 # ---------------------------------------------------------------------------
 # 2. Triton kernel
 # ---------------------------------------------------------------------------
+
+
+@triton.jit
+def _store_candidates(x, t, ok, lower, ci_row, ck_row, cnt_row, p, CHUNK: tl.constexpr):
+    """Chunk p's entries x (at indices t, valid where ok) whose key reaches `lower` and is not
+    -inf, in index order, at ci_row/ck_row[p * CHUNK:], and how many at cnt_row[p]."""
+    key = order_key(x)
+    cand = ok & (key >= lower) & (key > NEG_INF_KEY)  # -inf entries come out as -1 anyway
+    dst = p * CHUNK + tl.cumsum(cand.to(tl.int32), 0) - 1
+    tl.store(ci_row + dst, t, mask=cand)
+    tl.store(ck_row + dst, key.to(tl.int32, bitcast=True), mask=cand)
+    tl.store(cnt_row + p, tl.sum(cand.to(tl.int32)))
+
+
+@triton.jit
+def _gather(cnt_row, ci_row, ck_row, start, CAP: tl.constexpr, NUM_CHUNKS: tl.constexpr, CHUNK: tl.constexpr):
+    """Candidates [start, start + CAP) of the row (its chunks' lists one after another, so in
+    index order): (key, index, valid)."""
+    s = start + tl.arange(0, CAP)
+    src = tl.zeros([CAP], tl.int32)
+    ok = s < 0  # all false; a block comparison (Triton 3.9's interpreter keeps scalar bools int32)
+    c = tl.zeros([], tl.int32)
+    for q in tl.static_range(NUM_CHUNKS):
+        cq = tl.load(cnt_row + q)
+        inq = (s >= c) & (s < c + cq)
+        src = tl.where(inq, s - c + q * CHUNK, src)
+        ok = ok | inq
+        c += cq
+    key = tl.load(ck_row + src, mask=ok, other=0).to(tl.uint32, bitcast=True)
+    idx = tl.load(ci_row + src, mask=ok, other=0)
+    return key, idx, ok
+
+
+@triton.jit
+def _candidate_count(cnt_row, NUM_CHUNKS: tl.constexpr):
+    """The row's candidates: the sum of its chunks' counts."""
+    c = tl.zeros([], tl.int32)
+    for q in tl.static_range(NUM_CHUNKS):
+        c += tl.load(cnt_row + q)
+    return c
+
+
+@triton.jit
+def _digit_hist(key, ok, prefix, P: tl.constexpr, RADIX_BITS: tl.constexpr):
+    """Histogram of pass P's digit over the keys whose higher digits equal prefix."""
+    SH: tl.constexpr = 32 - RADIX_BITS * (P + 1)
+    if P > 0:
+        ok = ok & ((key >> (SH + RADIX_BITS)) == prefix)
+    digit = ((key >> SH) & ((1 << RADIX_BITS) - 1)).to(tl.int32)
+    return tl.histogram(digit, 1 << RADIX_BITS, mask=ok)
+
+
+@triton.jit
+def _pick(hist, k_rem, prefix, RADIX_BITS: tl.constexpr):
+    """The digit of the k_rem-th largest key from its histogram: (prefix with it appended, k_rem
+    within its bin, whether that bin is taken whole)."""
+    bins = tl.arange(0, 1 << RADIX_BITS)
+    ge = tl.sum(hist) - tl.cumsum(hist, 0) + hist  # keys whose digit >= d
+    d = tl.maximum(tl.sum((ge >= k_rem).to(tl.int32)) - 1, 0)
+    k_rem -= tl.sum(tl.where(bins == d, ge - hist, 0))  # every key above bin d is taken
+    whole = tl.sum(tl.where(bins == d, hist, 0)) == k_rem
+    return (prefix << RADIX_BITS) | d.to(tl.uint32), k_rem, whole
+
+
+@triton.jit
+def _chosen(key, ok, c, K, prefix, shift, k_rem, ties):
+    """Which keys of a block the select chose, given `ties` keys equal to the threshold in
+    earlier blocks (ties go to the lowest index): (selected, ties so far)."""
+    hi = key >> tl.minimum(shift, 31).to(tl.uint32)  # shift 32 only when every candidate is taken
+    tie = ok & (hi == prefix)
+    rank = ties + tl.cumsum(tie.to(tl.int32), 0) - 1
+    take_all = (rank * 0 + c) <= K  # a block, not a scalar bool (see _gather)
+    sel = ok & ((hi > prefix) | (tie & (rank < k_rem)) | take_all)
+    return sel, ties + tl.sum(tie.to(tl.int32))
+
+
+@triton.jit
+def _select_in_blocks(
+    cnt_row,
+    ci_row,
+    ck_row,
+    o_row,
+    c,
+    K,
+    CAP: tl.constexpr,
+    NUM_CHUNKS: tl.constexpr,
+    CHUNK: tl.constexpr,
+    RADIX_BITS: tl.constexpr,
+):
+    """More than CAP candidates: the same select, gathering CAP at a time on every pass."""
+    prefix = tl.zeros([], tl.uint32)
+    shift = tl.full([], 32, tl.int32)
+    k_rem = K + tl.zeros([], tl.int32)
+    done = c <= K
+    for p in tl.static_range(32 // RADIX_BITS):
+        if not done:
+            hist = tl.zeros([1 << RADIX_BITS], tl.int32)
+            for start in range(0, c, CAP):
+                key, _, ok = _gather(cnt_row, ci_row, ck_row, start, CAP, NUM_CHUNKS, CHUNK)
+                hist += _digit_hist(key, ok, prefix, p, RADIX_BITS)
+            prefix, k_rem, done = _pick(hist, k_rem, prefix, RADIX_BITS)
+            shift = tl.full([], 32 - RADIX_BITS * (p + 1), tl.int32)
+    taken = tl.zeros([], tl.int32)
+    ties = tl.zeros([], tl.int32)
+    for start in range(0, c, CAP):
+        key, idx, ok = _gather(cnt_row, ci_row, ck_row, start, CAP, NUM_CHUNKS, CHUNK)
+        sel, ties = _chosen(key, ok, c, K, prefix, shift, k_rem, ties)
+        tl.store(o_row + taken + tl.cumsum(sel.to(tl.int32), 0) - 1, idx, mask=sel)
+        taken += tl.sum(sel.to(tl.int32))
+    return taken
+
+
+@triton.jit
+def _fill_unselected(o_row, taken, K, CAP: tl.constexpr):
+    """-1 after the `taken` selected indices: -inf entries, or a row shorter than k."""
+    for start in range(0, K, CAP):
+        offs = start + tl.arange(0, CAP)
+        tl.store(o_row + offs, tl.full([CAP], -1, tl.int32), mask=(offs >= taken) & (offs < K))
 
 
 @triton.jit
@@ -101,7 +219,7 @@ def _select_below_prefix(
             hi = tl.where(sh + RADIX_BITS >= 32, 0, key >> tl.minimum(sh + RADIX_BITS, 31).to(tl.uint32))
             digit = ((key >> sh.to(tl.uint32)) & ((1 << RADIX_BITS) - 1)).to(tl.int32)
             hist = tl.histogram(digit, 1 << RADIX_BITS, mask=ok & (hi == prefix))
-            prefix, k_rem, done, total = _pick_digit(hist, total, k_rem, prefix, RADIX_BITS)
+            prefix, k_rem, done, total = pick_digit(hist, total, k_rem, prefix, RADIX_BITS)
             shift = sh
     sel, _ = _chosen(key, ok, c, K, prefix, shift, k_rem, tl.zeros([], tl.int32))
     tl.store(o_row + tl.cumsum(sel.to(tl.int32), 0) - 1, idx, mask=sel)
@@ -205,17 +323,16 @@ def _fused_kernel(
 # histogram a pass, far fewer instructions than 256 bins); maxima: sub-chunk maxima per row (1024:
 # a quarter of the bound's histogram work of 4096, for about 700 candidates instead of 545 on
 # random rows); bound_passes: 8-bit passes of the bound; bound_warps: the bound kernel's warps;
-# maxnreg: a cap on the fused kernel's registers per thread (0: ptxas decides; a cap lets more of
-# its 512 programs be resident at once: 80 gave 22.4 us against 22.5 uncapped, 64 spilled and took
-# 22.8, so its two waves are not what the filter's time is).
-# On the H200 ([32, 65536], k 512, outputs/bench/h200-b6db959-topk/variants.md) this config took
-# 21.7 us; radix_bits 8 22.6, maxima 2048 22.9 and 4096 24.3, one bound pass (cap 2048) 26.4,
-# chunk 8192 over 16 warps 26.0. Tried and not kept (README there): the bound in every program
-# of 3 (two launches) 25.6; the bound from the row's first program while the others wait on a
-# flag it publishes (two launches) 23.9 against 21.9. Timed by python -m kernels --bench /
-# --sweep and scripts/topk_variants.py; every config here must compile without spills
-# (tests/test_kernel_compile.py). Stage by stage (scripts/topk_stages.py, H200 at 9f9faf0): maxima
-# 4.2 us, bound 3.1, the filter launch 9.8, the select's loads 1.7 and its passes 2.7.
+# maxnreg: a cap on the fused kernel's registers per thread (0: ptxas decides). No cap: more
+# resident programs do not make the filter faster (capped at 80 it took 22.4 us against 22.5, at
+# 64 it spilled and took 22.8; outputs/bench/h200-3cd84e1-topk-occupancy/README.md).
+# Each value is the fastest measured on the H200 ([32, 65536], k 512): this config 21.7 us against
+# radix_bits 8 22.6, maxima 2048 22.9 and 4096 24.3, one bound pass (cap 2048) 26.4, chunk 8192
+# over 16 warps 26.0; the bound has a launch of its own because computed in every program of 3 it
+# took 25.6 us, and from the row's first program while the others wait on its flag 23.9 against
+# 21.9 (outputs/bench/h200-b6db959-topk/: variants.md, README.md; timed by python -m kernels
+# --sweep and scripts/topk_variants.py at 92c5e18). Every config here must compile without spills
+# (tests/test_kernel_compile.py).
 FUSED_CONFIG = dict(
     chunk=4096,
     num_warps=8,
@@ -230,30 +347,47 @@ FUSED_CONFIG = dict(
 )
 
 
-def _config(config):
-    cfg = T._filter_select_config(FUSED_CONFIG, config, passes=(1, 2, 3, 4))
+def _config(config: dict | None) -> dict:
+    """FUSED_CONFIG updated by `config`, checked for what the kernels' code assumes."""
+    cfg = dict(FUSED_CONFIG, **(config or {}))
+    A.need(set(cfg) <= set(FUSED_CONFIG), f"unknown config keys {sorted(set(cfg) - set(FUSED_CONFIG))}")
+    A.need(
+        cfg["radix_bits"] in (1, 2, 4, 8),
+        f"radix_bits must divide 32 and be 8 or less, got {cfg['radix_bits']}",
+    )
+    A.need(cfg["bound_passes"] in (1, 2, 3, 4), f"bound_passes must be 1 to 4, got {cfg['bound_passes']}")
+    for key in ("chunk", "cap"):
+        v = cfg[key]
+        A.need(v >= 16 and v & (v - 1) == 0, f"{key} must be a power of two >= 16, got {v}")
     cap = cfg["maxnreg"]
     A.need(cap == 0 or 24 <= cap <= 255, f"maxnreg must be 0 (ptxas decides) or 24 to 255, got {cap}")
     return cfg
 
 
-def plan_topk_fused(logits, k, lengths=None, out=None, config=None, pdl=None):
+def plan_topk_fused(
+    logits: torch.Tensor,
+    k: int,
+    lengths: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    config: dict | None = None,
+    pdl: bool | None = None,
+) -> tuple[Launch, Launch, Launch]:
     """The three launches (maxima, row bound, fused). Allocates on the current stream (inside a
     capture: from the graph's pool): out when None, the maxima int32 [bs, NUM_MAX], the bounds
     int32 [bs], the candidate lists int32 [bs, chunks * CHUNK] twice, their counts int32
     [bs, chunks] and the arrival counters int32 [bs]. pdl: launch each after the first as a
     programmatic dependent (None: on a CUDA GPU of sm_90 or later)."""
-    T._check_triton_args(logits, k, lengths, out)
+    T.check_triton_args(logits, k, lengths, out)
     cfg = _config(config)
     bs, width = logits.shape
     dev = logits.device
     if out is None:
         out = torch.empty(bs, k, dtype=torch.int32, device=dev)
-    sub, num_max = T._sub_chunks(width, k, cfg["maxima"])
+    sub, num_max = T.sub_chunks(width, k, cfg["maxima"])
     chunk = min(cfg["chunk"], max(16, triton.next_power_of_2(width)))
     chunks = triton.cdiv(width, chunk)
     per_prog = max(1, min(num_max, 4096 // sub))  # 4096 entries per maxima program
-    i32 = dict(dtype=torch.int32, device=dev)
+    i32: dict = dict(dtype=torch.int32, device=dev)
     maxima, bound, arrived = torch.empty(bs, num_max, **i32), torch.empty(bs, **i32), torch.empty(bs, **i32)
     cidx, ckey = torch.empty(bs, chunks * chunk, **i32), torch.empty(bs, chunks * chunk, **i32)
     counts = torch.empty(bs, chunks, **i32)
@@ -267,7 +401,7 @@ def plan_topk_fused(logits, k, lengths=None, out=None, config=None, pdl=None):
     maxima_args.update(SUBS=per_prog, PDL=pdl, SYNC_WORDS=1)  # arrived[row] = 0
     bound_args = dict(max_ptr=maxima, bound_ptr=bound, K=k, stride_m=maxima.stride(0), NUM_MAX=num_max)
     bound_args.update(PASSES=cfg["bound_passes"], PDL=pdl)
-    fused_args = dict(
+    fused_args: dict = dict(
         x_ptr=logits, len_ptr=lens, bound_ptr=bound, cidx_ptr=cidx, ckey_ptr=ckey, cnt_ptr=counts
     )
     fused_args.update(arrived_ptr=arrived, out_ptr=out, width=width, K=k, stride_x=logits.stride(0))
@@ -278,23 +412,29 @@ def plan_topk_fused(logits, k, lengths=None, out=None, config=None, pdl=None):
     fused_opts = dict(dependent, num_warps=cfg["num_warps"])
     if cfg["maxnreg"]:
         fused_opts["maxnreg"] = cfg["maxnreg"]
-    launches = [
+    return (
         Launch(
-            T._row_maxima_kernel, (bs, num_max // per_prog), maxima_args, dict(num_warps=cfg["maxima_warps"])
+            T.row_maxima_kernel, (bs, num_max // per_prog), maxima_args, dict(num_warps=cfg["maxima_warps"])
         ),
-        Launch(_row_bound_kernel, (bs,), bound_args, dict(dependent, num_warps=cfg["bound_warps"])),
+        Launch(row_bound_kernel, (bs,), bound_args, dict(dependent, num_warps=cfg["bound_warps"])),
         Launch(_fused_kernel, (bs, chunks), fused_args, fused_opts),
-    ]
-    return tuple(launches)
+    )
 
 
-def topk_indices_fused(logits, k, lengths=None, out=None, *, config=None):
+def topk_indices_fused(
+    logits: torch.Tensor,
+    k: int,
+    lengths: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    *,
+    config: dict | None = None,
+) -> torch.Tensor:
     """kernels.topk's contract by these kernels (float32 logits on CUDA; out int32 [bs, k] is
     filled and returned, or allocated when None). No host sync: safe under CUDA graph capture."""
-    return T._run_launches(plan_topk_fused(logits, k, lengths, out, config), logits)
+    return T.run_launches(plan_topk_fused(logits, k, lengths, out, config), logits)
 
 
-def compile_cases(arch):
+def compile_cases(arch: int) -> list[Case]:
     """The launches for kernels.compile_check (through kernels.topk.compile_cases): the model's
     shape with and without lengths, as a GPU of sm_90 or later runs them."""
     x, lens = torch.empty(32, 65536), torch.zeros(32, dtype=torch.int32)

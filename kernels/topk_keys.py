@@ -1,7 +1,9 @@
-"""The pieces the Triton top-k kernels share (kernels.topk's "bound" pair, topk_radix, topk_fused):
-the argument checks, the float -> uint32 order key, the k-th-largest helpers over a block of keys,
-and the sub-chunk maxima kernel that reads each row once. A module of its own so that kernels.topk
-(which dispatches to every kernel) and the kernels' modules import it without importing each other.
+"""The pieces the Triton top-k kernels share (kernels.topk's "bound" pair, kernels.topk_fused, and
+kernels.differential's top-k comparison): the argument checks, the float -> uint32 order key, the
+k-th-largest helpers over a block of keys, the radix select over a row (radix_threshold and
+radix_selected), and the sub-chunk maxima kernel that reads each row once. A module of its own so
+that kernels.topk (which dispatches to every kernel) and the kernels' modules import it without
+importing each other.
 """
 
 import torch
@@ -10,20 +12,35 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents
 
 from kernels import args as A
-from kernels.launch import run
+from kernels.launch import Launch, run
+
+__all__ = [
+    "NEG_INF_KEY",
+    "check_topk_args",
+    "check_triton_args",
+    "kth_largest",
+    "kth_largest_prefix",
+    "order_key",
+    "radix_selected",
+    "radix_threshold",
+    "row_maxima_kernel",
+    "run_launches",
+    "sub_chunks",
+]
 
 
-def check_topk_args(logits, k):
+def check_topk_args(logits: torch.Tensor, k: int) -> None:
+    """logits a 2-D float tensor, k a positive int no larger than its rows."""
     A.tensor("logits", logits, (torch.float32, torch.float16, torch.bfloat16, torch.float64), ndim=2)
     A.need(isinstance(k, int) and k >= 1, f"k must be a positive int, got {k!r}")
     A.need(k <= logits.shape[1], f"k={k} is larger than the row ({logits.shape[1]} logits)")
 
 
-NEG_INF_KEY = tl.constexpr(0x007FFFFF)  # _order_key(-inf): no other float maps to it
+NEG_INF_KEY = tl.constexpr(0x007FFFFF)  # order_key(-inf): no other float maps to it
 
 
 @triton.jit
-def _order_key(x):
+def order_key(x):
     """float32 -> uint32, unsigned order == float order; NaN above +inf, -0.0 == +0.0."""
     bits = x.to(tl.uint32, bitcast=True)
     key = tl.where((bits & 0x80000000) != 0, bits ^ 0xFFFFFFFF, bits | 0x80000000)
@@ -32,7 +49,7 @@ def _order_key(x):
 
 
 @triton.jit
-def _kth_largest(keys, k, BITS: tl.constexpr):
+def kth_largest(keys, k, BITS: tl.constexpr):
     """The k-th largest of a block of uint32 keys (0 if fewer than k are nonzero): the largest t
     with at least k keys >= t, BITS bits at a time from the top (2^BITS counts per step)."""
     t = tl.zeros([], tl.uint32)
@@ -47,11 +64,11 @@ def _kth_largest(keys, k, BITS: tl.constexpr):
 
 
 @triton.jit
-def _kth_largest_prefix(keys, k, PASSES: tl.constexpr):
+def kth_largest_prefix(keys, k, PASSES: tl.constexpr):
     """A lower bound on the k-th largest of a block of uint32 keys, in PASSES histogram passes:
     the k-th largest's top 8*PASSES bits, the rest 0. At least k keys reach it (the bin chosen
     at each pass holds the k-th largest), and it is <= the k-th largest, so every top-k entry
-    reaches it: a looser bound than _kth_largest's exact one, from 2 block reductions a pass
+    reaches it: a looser bound than kth_largest's exact one, from 2 block reductions a pass
     instead of 32 // BITS dependent steps."""
     bins = tl.arange(0, 256)
     t = tl.zeros([], tl.uint32)
@@ -70,7 +87,60 @@ def _kth_largest_prefix(keys, k, PASSES: tl.constexpr):
 
 
 @triton.jit
-def _row_maxima_kernel(
+def radix_threshold(row, n, K, BLOCK: tl.constexpr, RADIX_BITS: tl.constexpr, KEYS: tl.constexpr):
+    """Radix select of the K-th largest key among the n entries row[0:n] (float logits, or with
+    KEYS their order keys as int32), RADIX_BITS per pass from the top. A 2^RADIX_BITS-bin
+    histogram of the next digit among keys that match the digits found so far gives the next
+    digit; stop once every key left in the chosen bin is taken. Returns (prefix, shift, k_rem,
+    take_all): entry t is selected if key >> shift > prefix, or == prefix and among the first
+    k_rem such."""
+    NUM_BINS: tl.constexpr = 1 << RADIX_BITS
+    bins = tl.arange(0, NUM_BINS)
+    take_all = n <= K
+    prefix = tl.zeros([], tl.uint32)
+    shift = tl.full([], 32, tl.int32)
+    k_rem = K + tl.zeros([], tl.int32)
+    done = take_all
+    for p in tl.static_range(32 // RADIX_BITS):
+        if not done:
+            SH: tl.constexpr = 32 - RADIX_BITS * (p + 1)
+            hist = tl.zeros([NUM_BINS], tl.int32)
+            for start in range(0, n, BLOCK):
+                offs = start + tl.arange(0, BLOCK)
+                ok = offs < n
+                if KEYS:
+                    key = tl.load(row + offs, mask=ok, other=0).to(tl.uint32, bitcast=True)
+                else:
+                    key = order_key(tl.load(row + offs, mask=ok, other=0.0))
+                if p > 0:
+                    ok = ok & ((key >> (SH + RADIX_BITS)) == prefix)
+                hist += tl.histogram(((key >> SH) & (NUM_BINS - 1)).to(tl.int32), NUM_BINS, mask=ok)
+            # ge[d]: keys whose digit >= d; the k-th largest has the largest d with ge[d] >= k_rem
+            ge = tl.sum(hist) - tl.cumsum(hist, 0) + hist
+            d = tl.sum((ge >= k_rem).to(tl.int32)) - 1
+            k_rem -= tl.sum(tl.where(bins == d, ge - hist, 0))  # every key above bin d is taken
+            prefix = (prefix << RADIX_BITS) | d.to(tl.uint32)
+            shift = tl.full([], SH, tl.int32)
+            done = tl.sum(tl.where(bins == d, hist, 0)) == k_rem  # the whole bin is taken
+    return prefix, shift, k_rem, take_all
+
+
+@triton.jit
+def radix_selected(key, ok, prefix, shift, k_rem, take_all, ties):
+    """Which keys of a block radix_threshold's answer selects, given `ties` selected-bin keys in earlier
+    blocks (ties go to the lowest index); returns (selected, ties so far)."""
+    hi = key >> tl.minimum(shift, 31).to(tl.uint32)  # shift 32 only with take_all: unused
+    tie = ok & (hi == prefix)
+    rank = ties + tl.cumsum(tie.to(tl.int32), 0) - 1
+    # take_all as a block comparison: Triton 3.9's interpreter keeps a scalar bool's data int32,
+    # and a block or-ed with it is not a valid mask
+    every = (rank * 0 + take_all.to(tl.int32)) != 0
+    sel = ok & ((hi > prefix) | (tie & (rank < k_rem)) | every)
+    return sel, ties + tl.sum(tie.to(tl.int32))
+
+
+@triton.jit
+def row_maxima_kernel(
     x_ptr,
     len_ptr,
     max_ptr,
@@ -86,7 +156,7 @@ def _row_maxima_kernel(
 ):
     """maxima[row, j] = largest order key among entries [j*SUB, (j+1)*SUB) of the row (0 where
     none is valid): the one pass over the whole row, spread over many programs. With SYNC_WORDS,
-    sync[row, :] = 0 too: kernels.topk_fused's counters and flags, zeroed here every call, need
+    sync[row, :] = 0 too: kernels.topk_fused's arrival counters, zeroed here every call, need
     no memset and hold no state between calls or CUDA-graph replays."""
     if PDL:
         gdc_launch_dependents()
@@ -106,12 +176,16 @@ def _row_maxima_kernel(
     sub = tl.program_id(1) * SUBS + tl.arange(0, SUBS)
     t = sub[:, None] * SUB + tl.arange(0, SUB)[None, :]
     ok = t < n
-    key = tl.where(ok, _order_key(tl.load(x_ptr + row * stride_x + t, mask=ok, other=0.0)), 0)
+    key = tl.where(ok, order_key(tl.load(x_ptr + row * stride_x + t, mask=ok, other=0.0)), 0)
     m = tl.max(key, axis=1)
     tl.store(max_ptr + row * stride_m + sub, m.to(tl.int32, bitcast=True))
 
 
-def _check_triton_args(logits, k, lengths, out):
+def check_triton_args(
+    logits: torch.Tensor, k: int, lengths: torch.Tensor | None, out: torch.Tensor | None
+) -> None:
+    """What every Triton top-k kernel takes: float32 logits contiguous in the last dim, int32
+    lengths [bs] and out int32 [bs, k] (each optional) on the logits' device."""
     A.tensor("logits", logits, torch.float32, ndim=2, last_contiguous=True)
     check_topk_args(logits, k)
     A.need(logits.shape[1] < 2**31, f"rows of {logits.shape[1]} logits do not fit int32 indices")
@@ -124,27 +198,9 @@ def _check_triton_args(logits, k, lengths, out):
         A.same_device(logits=logits, out=out)
 
 
-def _filter_select_config(defaults, config, passes):
-    """A filter-and-select kernel's config (kernels.topk_radix, kernels.topk_fused): `defaults`
-    updated by `config`, checked for what both kernels' code assumes; passes: the bound_passes
-    allowed."""
-    cfg = dict(defaults, **(config or {}))
-    A.need(set(cfg) <= set(defaults), f"unknown config keys {sorted(set(cfg) - set(defaults))}")
-    A.need(
-        cfg["radix_bits"] in (1, 2, 4, 8),
-        f"radix_bits must divide 32 and be 8 or less, got {cfg['radix_bits']}",
-    )
-    lo, hi = passes[0], passes[-1]
-    A.need(cfg["bound_passes"] in passes, f"bound_passes must be {lo} to {hi}, got {cfg['bound_passes']}")
-    for key in ("chunk", "cap"):
-        v = cfg[key]
-        A.need(v >= 16 and v & (v - 1) == 0, f"{key} must be a power of two >= 16, got {v}")
-    return cfg
-
-
-def _run_launches(launches, logits):
+def run_launches(launches: tuple[Launch, ...], logits: torch.Tensor) -> torch.Tensor:
     """Each launch checked for the device, then run in order (nothing for 0 rows); the last one's
-    out, the top-k indices (kernels.topk_radix, kernels.topk_fused)."""
+    out, the top-k indices."""
     for launch in launches:
         A.launchable(launch.kernel, logits.device)
     if logits.shape[0]:
@@ -153,7 +209,7 @@ def _run_launches(launches, logits):
     return launches[-1].args["out_ptr"]
 
 
-def _sub_chunks(width, k, target):
+def sub_chunks(width: int, k: int, target: int) -> tuple[int, int]:
     """(SUB, NUM_MAX): sub-chunk length (>= 16) and the power-of-two count of sub-chunk maxima,
     about `target` of them and at least 2k where the row allows (the k-th largest must exist)."""
     target = max(target, triton.next_power_of_2(2 * k))

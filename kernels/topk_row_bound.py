@@ -2,22 +2,23 @@
 of kernels.topk_fused's three launches (one small program per row), and the digit pick its select
 shares.
 
-    _pick_digit(hist, total, k_rem, prefix, RADIX_BITS)   one radix pass's digit, in one reduction
-    _kth_prefix(keys, k, PASSES)                          the k-th largest key's top 8*PASSES bits
-    _row_bound_kernel                                     bound[row] = _kth_prefix(maxima[row], k)
+    pick_digit(hist, total, k_rem, prefix, RADIX_BITS)   one radix pass's digit, in one reduction
+    _kth_prefix(keys, k, PASSES)                         the k-th largest key's top 8*PASSES bits
+    row_bound_kernel                                     bound[row] = _kth_prefix(maxima[row], k)
 
-Every program of the next launch reads the bound as one scalar: computed there instead, once per
-program of a row, it cost as many redundant histogram passes (16 programs a row at the model's
-shape, kernels.topk_fused's row_bound 0).
+Every program of the next launch reads the bound as one scalar: computed there instead, every
+program of a row (16 at the model's shape) would repeat the same histogram passes.
 """
 
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+__all__ = ["pick_digit", "row_bound_kernel"]
+
 
 @triton.jit
-def _pick_digit(hist, total, k_rem, prefix, RADIX_BITS: tl.constexpr):
+def pick_digit(hist, total, k_rem, prefix, RADIX_BITS: tl.constexpr):
     """The digit of the k_rem-th largest of `total` keys from their digit histogram: (prefix with it
     appended, k_rem within its bin, whether that bin is taken whole, the bin's count). One scan and
     one reduction: the chosen bin's digit, keys above it and count travel packed in one int64 sum
@@ -37,7 +38,7 @@ def _pick_digit(hist, total, k_rem, prefix, RADIX_BITS: tl.constexpr):
 @triton.jit
 def _kth_prefix(keys, k, PASSES: tl.constexpr):
     """A lower bound on the k-th largest of a block of uint32 keys: its top 8*PASSES bits, the rest
-    0 (as kernels.topk_keys._kth_largest_prefix, with _pick_digit). 0 when the block holds fewer
+    0 (as kernels.topk_keys.kth_largest_prefix, with pick_digit). 0 when the block holds fewer
     than k keys. At least k keys reach it and it is <= the k-th largest, so every top-k entry does."""
     n = tl.sum((keys >= 0).to(tl.int32))  # the block's size, as a scalar tensor
     t = tl.zeros([], tl.uint32)
@@ -50,12 +51,12 @@ def _kth_prefix(keys, k, PASSES: tl.constexpr):
             hist = tl.histogram(digit, 256)
         else:  # the keys whose higher bytes are the k-th largest's
             hist = tl.histogram(digit, 256, mask=(keys >> (SH + 8)) == t)
-        t, k_rem, _, total = _pick_digit(hist, total, k_rem, t, 8)
+        t, k_rem, _, total = pick_digit(hist, total, k_rem, t, 8)
     return tl.where(n >= k, t << (32 - 8 * PASSES), 0)
 
 
 @triton.jit
-def _row_bound_kernel(
+def row_bound_kernel(
     max_ptr,
     bound_ptr,
     K,

@@ -3,7 +3,7 @@
 Packages by layer, lowest first; a package imports only from the ones above it in this list
 (and from `kernels`, which sits beside nblib and imports nothing of it but `nblib.core`):
 
-  core         plain helpers with no torch state: statistics, atomic writes, provenance, paths
+  core         helpers that hold no model, device or stream: statistics, atomic writes, provenance, paths
   backends     the device facade (cuda | sim) and the CPU simulator
   engine       the miniature decode path: model, graph runner, workload, persistent buffers, build
   instruments  what an investigator attaches to the engine: canary, gediff, trace + audit, CSAN, overhead

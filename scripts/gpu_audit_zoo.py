@@ -196,7 +196,7 @@ def parity(backend):
     cuda_rows, start, restarts = [], 0, []
     while start < len(audit_parity.CASES):
         lines, rc, err = run_child(backend, ["parity", str(start)])
-        cuda_rows += [audit_parity.Row(**{k: v for k, v in x.items() if k != "index"}) for x in lines]
+        cuda_rows += [audit_parity.ParityRow(**{k: v for k, v in x.items() if k != "index"}) for x in lines]
         done = lines[-1]["index"] + 1 if lines else start
         if rc != 0:
             restarts.append(
@@ -205,7 +205,7 @@ def parity(backend):
         if not lines and rc != 0:  # the case at `start` killed the child before it could answer
             c = audit_parity.CASES[start]
             cuda_rows.append(
-                audit_parity.Row(
+                audit_parity.ParityRow(
                     case=c.name,
                     rule=c.rule,
                     backend=backend,

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # The top-k and differential kernels on a CUDA GPU, in one run (about 5 minutes on an H200):
-#   1. check    every top-k kernel (kernels.topk.KERNELS: fused, the default, bound and radix) and the
+#   1. check    every top-k kernel (kernels.topk.KERNELS: fused, the default, and bound) and the
 #               differential against their references            -> OUTDIR/check.json
 #   2. bench    the top-k kernels beside torch.topk, and the differential beside its torch path,
 #               each after a clean and after a dirty L2 flush, as a fraction of the copy bandwidth
 #               measured in the same run and as a speedup over torch -> OUTDIR/bench.{md,json}
 #   3. sweep    the top-k kernels' launch configs, each checked then timed
-#                                                  -> OUTDIR/sweep_topk.{md,json}, sweep_topk_radix.{md,json}
+#                                                  -> OUTDIR/sweep_topk.{md,json}, sweep_topk_fused.{md,json}
 #   4. pytest   the GPU tests of both (CUDA-graph replays with and without programmatic launch)
 #   5. compile  every kernel for sm_90a through triton.compile (no spills, griddepcontrol where
 #               asked)                                             -> OUTDIR/compile_sm90.jsonl

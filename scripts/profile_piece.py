@@ -100,12 +100,14 @@ def piece_matrix(dev, profile, args):
 
     clock = phases.start(sync=dev.synchronize)
     w = {**profile["workload"], "seed": profile.get("seed", 0)}
-    checks = []
-    reproduce.corruption_matrix(
-        dev, profile["model"], profile["buckets"], w, profile["index_dtypes"], profile["modes"],
-        profile["overlaps"], profile.get("logits_policy", "transient"), progress=None,
-        protocol_seeds=protocol.seeds(profile.get("seed", 0), profile["protocol_runs"]), protocols=checks,
-    )  # fmt: skip
+    knobs = reproduce.Knobs(
+        profile["index_dtypes"],
+        profile["modes"],
+        profile["overlaps"],
+        profile.get("logits_policy", "transient"),
+    )
+    seeds = protocol.seeds(profile.get("seed", 0), profile["protocol_runs"])
+    reproduce.corruption_matrix(dev, profile["model"], profile["buckets"], w, knobs, seeds)
     wall = clock.wall()
     return [phases.table(clock.times(wall), wall) + "\n"]
 

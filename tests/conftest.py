@@ -55,6 +55,14 @@ def ci_suite(tmp_path_factory):
     return out
 
 
+# Why a test marked gpu (@pytest.mark.gpu, or pytest.param(..., marks=pytest.mark.gpu)) is skipped:
+# pytest_collection_modifyitems skips every such test, in one place, where torch finds no CUDA device.
+NO_GPU = (
+    f"needs a CUDA GPU: torch {torch.__version__} finds no CUDA device here "
+    "(torch.cuda.is_available() is False); run it on a GPU machine (pytest -m gpu)"
+)
+
+
 def pytest_addoption(parser):
     parser.addoption(
         "--reverse", action="store_true", help="run the collected tests in reverse order (order-leak check)"
@@ -67,10 +75,13 @@ def pytest_collection_modifyitems(config, items):
     # (compiled kernels, graphs awaiting collection) meets the process in a different state.
     if config.getoption("--reverse"):
         items.reverse()
+    no_gpu = None if torch.cuda.is_available() else pytest.mark.skip(reason=NO_GPU)
     for item in items:
         group = worker_group(item)
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
+        if no_gpu is not None and item.get_closest_marker("gpu"):
+            item.add_marker(no_gpu)
 
 
 def pytest_configure(config):

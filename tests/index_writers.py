@@ -1,4 +1,4 @@
-"""The writer process of the index test (tests/test_notebooks.py): a module of its own, so each
+"""The writer process of the index test (tests/test_runindex.py): a module of its own, so each
 spawned writer imports the run index alone, not the test module's torch and studies."""
 
 from nblib.publish import runindex

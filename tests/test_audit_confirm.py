@@ -167,11 +167,7 @@ def test_a_bad_replay_count_is_one_line_before_any_capture(capsys):
     assert e.value.code == 2 and err.count("\n") == 1 and "--replays" in err
 
 
-gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-
-
 @pytest.mark.gpu
-@gpu
 @pytest.mark.parametrize(
     "target",
     [f"{DECODE}:racy", "examples/audit/dsv4_attention.py:fused", "examples/audit/hf_moe.py:qwen2_moe"],
@@ -184,7 +180,6 @@ def test_on_cuda_every_hazard_of_a_racy_target_is_confirmed_by_a_spin_kernel(tar
 
 
 @pytest.mark.gpu
-@gpu
 @pytest.mark.parametrize(
     "target",
     [
@@ -201,7 +196,6 @@ def test_on_cuda_a_fixed_form_forced_branch_by_branch_stays_equal_to_eager(targe
 
 
 @pytest.mark.gpu
-@gpu
 @pytest.mark.parametrize("case", SINGLE, ids=lambda c: c.name)
 def test_on_cuda_every_zoo_race_is_confirmed_unless_its_reads_are_discarded(case):
     from nblib.backends.device import get

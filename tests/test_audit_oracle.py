@@ -627,8 +627,6 @@ def test_a_planted_bug_is_caught(monkeypatch, bug, check):
 # the properties, on CUDA: the oracle fed the CUDA allocator's own addresses
 # ------------------------------------------------------------------------------------------------
 
-gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-
 
 @pytest.fixture(scope="module")
 def cuda_dev():
@@ -641,7 +639,6 @@ def cuda_dev():
 
 
 @pytest.mark.gpu
-@gpu
 @_seeded
 @settings(settings.get_profile("audit-oracle-gpu"))
 @given(prog=programs())
@@ -651,7 +648,6 @@ def test_audit_agrees_with_the_reference_model_on_cuda(cuda_dev, prog):
 
 
 @pytest.mark.gpu
-@gpu
 @_seeded
 @settings(settings.get_profile("audit-oracle-gpu"))
 @given(prog=programs())

@@ -157,11 +157,7 @@ def test_after_without_before_and_before_without_a_step_refuse():
         graphed.before()
 
 
-gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-
-
 @pytest.mark.gpu
-@gpu
 @pytest.mark.parametrize("dtype", ["bf16", "fp8"])
 def test_cuda_graphed_canary_matches_the_eager_one(dtype):
     """Captured per bucket, the graphed canary gives the eager canary's records around real replays:
@@ -229,39 +225,3 @@ def test_captured_through_the_simulator_no_host_sync_and_the_eager_records():
     assert all(g.graph is not None for pair in graphed._graphs.values() for g in pair)
     build.bucket_run(runner, CANARY_WORKLOAD, 4, [eager, graphed])
     assert graphed.records == eager.records and len(eager.records) > 10
-
-
-def test_notebook_02_times_both_canaries_and_refuses_a_bad_list():
-    """overhead.replay_times times the eager and the graphed canary in notebook 02, and a bad list
-    fails in one line before anything is built."""
-    from nblib.backends import device
-    from nblib.instruments import overhead
-
-    made = []  # each canary replay_times builds, by kind
-
-    class Eager(overhead.Canary):
-        def __init__(self, *a, **k):
-            super().__init__(*a, **k)
-            made.append(("canary", self))
-
-    class Graphed(overhead.GraphedCanary):
-        def __init__(self, *a, **k):
-            super().__init__(*a, **k)
-            made.append(("canary_graphed", self))
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(overhead, "Canary", Eager)
-        mp.setattr(overhead, "GraphedCanary", Graphed)
-        rows = overhead.replay_times(
-            device.get("sim"), CANARY, 2, replays=2, warmup=1
-        )  # as notebook 02 calls it
-    by = {r["instrument"]: r for r in rows}
-    assert rows[0]["instrument"] == "neither" and rows[0]["calls"] == 0 and rows[0]["ratio"] is None
-    assert [kind for kind, _ in made] == ["canary", "canary_graphed"]
-    for kind, inst in made:  # each canary checked every timed and warm-up replay, and its row says so
-        assert by[kind]["calls"] == len(inst.records) == 2 + 1
-        assert by[kind]["ratio"] == pytest.approx(by[kind]["median_ms"] / rows[0]["median_ms"])
-    with pytest.raises(ValueError, match="instruments must start with 'neither'"):
-        overhead.replay_times(None, {}, 2, instruments=("canary", "neither"))
-    with pytest.raises(ValueError, match="instruments must start with 'neither'"):
-        overhead.replay_times(None, {}, 2, instruments=("neither", "canry"))

@@ -1,5 +1,6 @@
-"""nblib.core: atomic writes leave the old file or the new one, never a half; the commit a result
-records is this project's, or "unknown", never the commit of some enclosing repository."""
+"""nblib.core: atomic writes leave the old file or the new one, never a half; a results.json says
+"ok" only once finished; the commit a result records is this project's, or "unknown", never the
+commit of some enclosing repository."""
 
 import json
 import subprocess
@@ -35,6 +36,17 @@ def test_a_writer_that_fails_midway_leaves_the_old_file_and_no_temporary(tmp_pat
     with pytest.raises(RuntimeError, match="the save failed"):
         files.write_with(path, half)
     assert path.read_bytes() == b"whole" and [p.name for p in tmp_path.iterdir()] == ["steps.pt"]
+
+
+def test_results_status_is_ok_only_after_finish(tmp_path, eager_dev):
+    eager_dev.device_name = lambda: "cpu"
+    res = results.Results("nb", tmp_path, eager_dev, {"a": 1})
+    assert json.loads((tmp_path / "nb.results.json").read_text())["status"] == "running"
+    res["x"] = [1, 2]
+    res.finish()
+    data = json.loads((tmp_path / "nb.results.json").read_text())
+    assert data["status"] == "ok" and data["x"] == [1, 2] and data["params"] == {"a": 1}
+    assert list(tmp_path.iterdir()) == [tmp_path / "nb.results.json"]  # no temp files left
 
 
 def _git(cwd, *args):

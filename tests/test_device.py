@@ -9,8 +9,6 @@ import torch
 
 from nblib.backends import device
 
-gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-
 
 class _Stream:
     def __init__(self, handle):
@@ -49,7 +47,6 @@ def test_a_pool_of_only_taken_streams_fails_in_one_line():
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_on_cuda_plain_draws_wrap_onto_the_capture_stream_and_the_facade_s_do_not():
     dev = device.get("cuda")
     side = dev.Stream()
@@ -86,7 +83,7 @@ def _dead_captured_graph(dev, x):
     _Cycle(g)  # the only reference left is the cycle's own
 
 
-@pytest.mark.parametrize("backend", ["sim", pytest.param("cuda", marks=[pytest.mark.gpu, gpu])])
+@pytest.mark.parametrize("backend", ["sim", pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_a_dead_graph_is_not_destroyed_inside_a_later_capture(backend):
     """The leak behind a capture that failed only after other tests: a graph that died in a reference
     cycle was destroyed by the cyclic collector inside a later capture, which invalidated it. The
@@ -105,8 +102,8 @@ def test_a_dead_graph_is_not_destroyed_inside_a_later_capture(backend):
 def test_without_the_pause_the_simulator_fails_the_capture_as_cuda_does(monkeypatch):
     """The same sequence with the collector running inside the capture: the simulator models
     cudaGraphExecDestroy inside a capture, and the capture fails (so the test above can fail)."""
+    from nblib.backends.capture_rules import SimCaptureError
     from nblib.backends.sim import graph as sim_graph
-    from nblib.backends.sim.rules import SimCaptureError
 
     monkeypatch.setattr(sim_graph.collector, "paused", contextlib.nullcontext)
     dev = device.get("sim")
@@ -131,3 +128,14 @@ def test_the_pause_restores_the_collector_as_it_was():
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on a machine without CUDA")
+def test_cuda_backend_without_cuda_names_sim():
+    with pytest.raises(RuntimeError, match="sim"):
+        device.get("cuda")
+
+
+def test_an_unknown_backend_fails_in_one_line_naming_the_valid_ones():
+    with pytest.raises(ValueError, match="cuda, sim"):
+        device.get("tpu")

@@ -1,19 +1,14 @@
 """Notebook 06's targets: transformers' own MoE decoders with the shared expert forked onto a side
 stream (examples/audit/hf_moe.py), audited through nblib.instruments.audit.target on the simulator;
-the study behind the notebook (nblib.studies.engines); and the table of scripts/gpu_audit_anchors.py,
-built from fake child results."""
-
-import importlib.util
+and the study behind the notebook (nblib.studies.engines)."""
 
 import pytest
 import torch
 
 from nblib.backends.device import get
-from nblib.core.paths import ROOT
 from nblib.instruments.audit import target as AT
 from nblib.studies import engines
 
-gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 MODELS = ("qwen2_moe", "deepseek_v3")
 FIXES = ("record_stream", "hold_until_join")
 
@@ -98,7 +93,6 @@ def test_the_verdict_names_a_wrong_form():
     )
 
 
-@gpu
 @pytest.mark.gpu
 @pytest.mark.parametrize("model", MODELS)
 def test_on_cuda_the_buggy_form_races_and_the_fixes_do_not(model):
@@ -107,105 +101,6 @@ def test_on_cuda_the_buggy_form_races_and_the_fixes_do_not(model):
     assert all(h.first.stream == "side" and h.first.tensor.freed_at is not None for h in rep.hazards)
     for fix in FIXES:
         assert _audit(f"{model}_{fix}", "cuda").status == "clean"
-
-
-# ------------------------------------------------------------------------------------------------
-# scripts/gpu_audit_anchors.py: the table from fake children
-# ------------------------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def anchors():
-    spec = importlib.util.spec_from_file_location(
-        "gpu_audit_anchors", ROOT / "scripts" / "gpu_audit_anchors.py"
-    )
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def _mark(m, event, target, **cell):
-    return m.MARK + m.json.dumps(dict(event=event, target=target, **({"cell": cell} if cell else {})))
-
-
-def _group(m, tool, names, lines, **kw):
-    return m.ChildResult(tool=tool, group="g", targets=names, stdout="\n".join(lines), **kw)
-
-
-def test_the_anchor_table_from_fake_children(anchors):
-    m = anchors
-    a, b = m.Spec(name="A", group="g", expect="race"), m.Spec(name="B", group="g", expect="clean")
-    clean = dict(verdict="clean", detail="1 graph(s) captured", seconds=0.5)
-    results = [
-        _group(
-            m, "audit", ["A"], [_mark(m, "start", "A"), _mark(m, "end", "A", verdict="race", seconds=0.2)]
-        ),
-        _group(
-            m, "audit", ["B"], [_mark(m, "start", "B"), _mark(m, "end", "B", verdict="race", seconds=0.2)]
-        ),
-        # memcheck: a report between A's markers makes A a race; B ran clean
-        _group(
-            m,
-            "memcheck",
-            ["A", "B"],
-            [
-                _mark(m, "start", "A"),
-                "========= Invalid __global__ read of size 4 bytes",
-                _mark(m, "end", "A", **clean),
-                _mark(m, "start", "B"),
-                _mark(m, "end", "B", **clean),
-                "========= ERROR SUMMARY: 1 error",
-            ],
-        ),  # fmt: skip
-        # racecheck ran past its timeout inside B
-        _group(
-            m,
-            "racecheck",
-            ["A", "B"],
-            [_mark(m, "start", "A"), _mark(m, "end", "A", **clean), _mark(m, "start", "B")],
-            timed_out=True,
-        ),  # fmt: skip
-        # the no-caching run died at A with the tool's own error line
-        _group(
-            m,
-            "memcheck-nocache",
-            ["A", "B"],
-            [_mark(m, "start", "A"), "========= Error: process didn't terminate successfully"],
-            returncode=1,
-        ),  # fmt: skip
-        m.ChildResult(tool="csan", group="g", targets=["A", "B"], not_run="compute-sanitizer not found"),
-    ]
-    table = m.build_table([a, b], results, dict(backend="fake"))
-    cells = {r.target: {t: c.verdict for t, c in r.cells.items()} for r in table.rows}
-    assert cells["A"] == {"audit": "race", "memcheck": "race", "racecheck": "clean",
-                          "memcheck-nocache": "error", "csan": "not run"}  # fmt: skip
-    assert cells["B"] == {"audit": "race", "memcheck": "clean", "racecheck": "timeout",
-                          "memcheck-nocache": "error", "csan": "not run"}  # fmt: skip
-    row_a = table.rows[0].cells
-    assert row_a["memcheck"].detail.startswith("1 report(s): Invalid __global__ read")
-    assert (
-        row_a["memcheck-nocache"].detail
-        == "at this target: ========= Error: process didn't terminate successfully"
-    )
-    assert table.rows[1].cells["memcheck-nocache"].detail.startswith("not reached: ")
-    s = {x.tool: x for x in table.summary}
-    assert (s["audit"].caught, s["audit"].false_alarms, s["memcheck"].caught, s["memcheck"].missed) == (
-        1,
-        1,
-        1,
-        0,
-    )
-    assert (s["racecheck"].missed, s["racecheck"].timeouts, s["csan"].not_run) == (1, 1, 2)
-    md = m.markdown(table)
-    assert "| A | race | race (0.2 s) |" in md and "- B, racecheck: timeout: the child ran past 90 s" in md
-
-
-def test_the_anchor_jobs_put_compute_sanitizer_first_and_one_target_per_audit_child(anchors):
-    m = anchors
-    targets = [m.Spec(name=n, group=g, expect=None) for n, g in (("A", "x"), ("B", "x"), ("C", "y"))]
-    jobs = m.jobs(["audit", "memcheck"], targets)
-    assert jobs == [("memcheck", "x", ["A", "B"]), ("memcheck", "y", ["C"]),
-                    ("audit", "x", ["A"]), ("audit", "x", ["B"]), ("audit", "y", ["C"])]  # fmt: skip
 
 
 def test_a_buggy_replay_counts_only_beyond_the_fixed_forms_rounding():

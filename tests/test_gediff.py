@@ -1,10 +1,13 @@
-"""The graph-vs-eager differential on the simulator: a planted logits mismatch is caught; clean is clean."""
+"""The graph-vs-eager differential (nblib.instruments.gediff) on the simulator: a planted logits
+mismatch is caught; clean is clean; each design's stash is what it says (where it lives, who
+allocated it, copies or references); an unknown design fails in one line."""
 
 import pytest
 import torch
-from models import CANARY, CANARY_WORKLOAD
+from models import CANARY, CANARY_WORKLOAD, DIFFERENTIAL
 
 from nblib.backends import device
+from nblib.backends.device import get
 from nblib.engine import build
 from nblib.engine.build import full_batch
 from nblib.engine.runner import Runner
@@ -113,3 +116,79 @@ def test_metrics_over_each_rows_live_prefix_equal_the_full_width_figures():
         assert gediff.metrics(g, e, 16) == want
         seen.add(want["diverged"])
     assert seen == {True, False}  # both kinds of case were compared
+
+
+BUCKET = 4
+
+
+INPUTS = ("q", "head_w", "page_table", "seq_lens")
+
+
+def _captured_design(design, **knobs):
+    dev = get("sim")
+    m = build.model(dev, DIFFERENTIAL, **{"index_dtype": "bf16", "overlap": "on", **knobs})
+    gd = GEDiff(m, design=design)
+    m.prepare(BUCKET)  # what Runner.capture does first; prealloc makes its stash here
+    before = {k: dict(v) for k, v in gd.stash.items()}
+    runner = Runner(m, [BUCKET]).capture()
+    return dev, m, gd, runner, before
+
+
+def _block(dev, t):
+    b = dev.block_of(t)
+    assert b is not None, "the stash tensor should sit on an allocated block"
+    return b
+
+
+def test_campaign_allocates_copies_in_the_graph_pool_on_the_side_stream():
+    dev, m, gd, runner, before = _captured_design("campaign")
+    assert not before
+    s = gd.stash[BUCKET]
+    assert s["page_table"].data_ptr() != runner.static[BUCKET].page_table.data_ptr()  # a copy
+    for name in (*INPUTS, "logits"):
+        b = _block(dev, s[name])
+        assert b.pool.pool_id == runner.pool and b.stream is m.side, name
+
+
+def test_prealloc_stash_is_made_before_capture_outside_the_graph_pool():
+    dev, m, gd, runner, before = _captured_design("prealloc")
+    s = gd.stash[BUCKET]
+    assert set(before) == {BUCKET}
+    for name in (*INPUTS, "logits"):
+        assert s[name] is before[BUCKET][name], name  # the same buffers, filled by captured copies
+        # made outside capture: not a block of the capture's allocator (the simulator's arena)
+        assert not dev.arena.owns(s[name]) and dev.block_of(s[name]) is None, name
+    # the copies are captured: a replay fills the buffer with that replay's page table
+    batch = build.full_batch(m, BUCKET, ctx=256)
+    runner.run(*batch)
+    assert torch.equal(s["page_table"], runner.static[BUCKET].page_table)
+
+
+def test_main_stash_clones_the_inputs_on_the_main_stream_and_the_logits_on_the_side():
+    dev, m, gd, runner, _ = _captured_design("main_stash")
+    s = gd.stash[BUCKET]
+    for name in INPUTS:
+        b = _block(dev, s[name])
+        assert b.pool.pool_id == runner.pool and b.stream is not m.side, name
+    b = _block(dev, s["logits"])
+    assert b.pool.pool_id == runner.pool and b.stream is m.side
+
+
+def test_refs_keeps_the_graphs_own_tensors_and_so_the_logits_block():
+    dev, m, gd, runner, _ = _captured_design("refs")
+    s = gd.stash[BUCKET]
+    assert s["page_table"] is runner.static[BUCKET].page_table
+    assert s["seq_lens"] is runner.static[BUCKET].seq_lens
+    noted = [n for n in m.captures if n["tensor"] == "indexer.logits" and n["bucket"] == BUCKET]
+    assert [n["addr"] for n in noted] == [s["logits"].data_ptr()]  # the engine's own transient
+    assert _block(dev, s["logits"]).allocated  # kept: the allocator cannot hand it on
+    assert not runner.aliases()
+    # without the differential the same capture hands the freed logits block to the main stream
+    off = build.model(get("sim"), DIFFERENTIAL, index_dtype="bf16", overlap="on")
+    assert any(a["first"] == "indexer.logits" for a in Runner(off, [BUCKET]).capture().aliases())
+
+
+def test_an_unknown_design_fails_in_one_line():
+    m = build.model(device.get("sim"), DIFFERENTIAL)
+    with pytest.raises(ValueError, match="unknown differential design 'clone'.*campaign"):
+        GEDiff(m, design="clone")

@@ -6,6 +6,7 @@ import torch
 
 from kernels import indexer as kx
 from nblib.backends.sim import fastops
+from nblib.core import live
 from nblib.instruments import canary
 
 NEG_INF = float("-inf")
@@ -31,7 +32,7 @@ def _same_topk(x, k):
 @pytest.mark.parametrize("bs", [1, 8, 40])
 def test_topk_matches_torch_on_live_prefix(bs):
     x = _logits(bs, short_rows={2, 5})
-    assert fastops.live_columns(x, 16) == fastops.CHUNK  # every live entry is in the first chunk
+    assert live.live_columns(x, 16) == live.CHUNK  # every live entry is in the first chunk
     _same_topk(x, 16)
 
 
@@ -41,24 +42,24 @@ def test_garbage_past_the_live_entries_is_searched(where):
     for bad in (float("nan"), 1e30, -1e30):
         x = _logits(4)
         x[1, where] = bad
-        assert fastops.live_columns(x, 16) == (where // fastops.CHUNK + 1) * fastops.CHUNK
+        assert live.live_columns(x, 16) == (where // live.CHUNK + 1) * live.CHUNK
         _same_topk(x, 16)
 
 
 def test_whole_row_corruption_and_odd_shapes_fall_back():
     x = torch.randn(3, 16384)
-    assert fastops.live_columns(x, 16) == 16384
+    assert live.live_columns(x, 16) == 16384
     _same_topk(x, 16)
     odd = _logits(2, width=1000)
-    assert fastops.live_columns(odd, 16) == 1000  # not a multiple of CHUNK: the whole row
-    assert fastops.live_columns(_logits(2).bfloat16(), 16) == fastops.CHUNK
-    assert fastops.live_columns(torch.full((2, 4096), NEG_INF), 2000) == 2048  # at least k columns
+    assert live.live_columns(odd, 16) == 1000  # not a multiple of CHUNK: the whole row
+    assert live.live_columns(_logits(2).bfloat16(), 16) == live.CHUNK
+    assert live.live_columns(torch.full((2, 4096), NEG_INF), 2000) == 2048  # at least k columns
 
 
 def test_the_contract_is_the_same_from_the_prefix():
     """The model's eager top-k takes the prefix; the contract (indices, -1 for -inf) is unchanged."""
     x = _logits(8, short_rows={0, 7})
-    n = fastops.live_columns(x, 16)
+    n = live.live_columns(x, 16)
     assert torch.equal(kx.topk_indices(x, 16), kx.topk_indices(x[:, :n], 16))
 
 
@@ -86,7 +87,7 @@ def test_differential_figures_equal_the_whole_row_ones(monkeypatch):
     """gediff.metrics on the CPU reads the live prefix only: the same figures as over every column."""
     from nblib.instruments import gediff
 
-    g = _logits(8, width=4 * fastops.CHUNK, short_rows={3})
+    g = _logits(8, width=4 * live.CHUNK, short_rows={3})
     edits = [
         lambda e: None,
         lambda e: e[1, 50].add_(0.5),  # a value, not the set

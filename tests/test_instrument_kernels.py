@@ -166,7 +166,6 @@ def test_differential_validation_errors():
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_gpu_check():
     code = "from kernels import checksum as c, differential as d; print(c.check('cuda'), d.check('cuda'))"
     r = run_without_interpreter(["-c", code], timeout=600)
@@ -174,7 +173,6 @@ def test_gpu_check():
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_the_differential_and_the_canary_on_cuda_agree_with_their_torch_paths():
     """What gediff and the canary compute on CUDA (the Triton kernels) equals their CPU paths."""
     code = """

@@ -109,10 +109,8 @@ def test_00_the_matrix_panel_shows_what_corruption_matrix_returns_for_the_knobs_
     panel.select("up to bucket", "2")
     assert not panel.click("run matrix").startswith("error")
     shown = panel.table("corruption by configuration and bucket")
-    rows, _ = reproduce.corruption_matrix(
-        seeded_sim(), CI["model"], [1, 2], WORKLOAD, ["bf16"], ["graph"], ["on"], CI["logits_policy"],
-        progress=None,
-    )  # fmt: skip
+    knobs = reproduce.Knobs(["bf16"], ["graph"], ["on"], CI["logits_policy"])
+    rows = reproduce.corruption_matrix(seeded_sim(), CI["model"], [1, 2], WORKLOAD, knobs).rows
     keys = ["bucket", "corrupted_sessions", "sessions", "corrupted_steps", "steps"]
     assert [[r[k] for k in keys] for r in shown] == [[str(r[k]) for k in keys] for r in rows]
     shot(lab, panel, "00_reproduce")

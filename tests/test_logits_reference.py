@@ -1,9 +1,10 @@
 """The torch references of the logits kernel (kernels.logits.ref_logits_*) are what the CPU simulator
 computes for the indexer, in every replay and every eager reference step, so a faster formulation
-must return the same bits as the plain one. The plain formulation is kept here: advanced-indexing
-gather of the pages, the scores as q @ k^T, then the weighted head sum over a contiguous copy (the
-simulator's bf16 GEMM sums in fp32 in an order its operands' layout decides, so the plain form
-multiplies in the reference's order). The references are compared with it bit for bit on inputs
+must return the same bits as the plain one. The plain formulation (tests/plain_refs.py) is written
+from the cache's layout alone (no helper of kernels.logits): each live entry gathered from its page
+and slot, the scores as q @ k^T, then the weighted head sum over a contiguous copy (the simulator's
+bf16 GEMM sums in fp32 in an order its operands' layout decides, so the plain form multiplies in the
+reference's order). The references are compared with it bit for bit on inputs
 shaped like the sim profile (4 heads of 128, bf16 cache, page tables with live prefixes and garbage
 past them, lengths of every kind) at every bucket size from 1 to 40."""
 
@@ -11,34 +12,13 @@ import functools
 
 import pytest
 import torch
+from plain_refs import plain_ref_bf16, plain_ref_fp8
 
 from kernels import e4m3
 from kernels import logits as lg
-from kernels.paged import PAGE, live_len, pad_logits, quantize_fp8_pages
+from kernels.paged import PAGE, quantize_fp8_pages
 
 NUM_PAGES, HEADS, DIM = 3000, 4, 128  # params/sim.yaml's cache and indexer
-
-
-def plain_ref_bf16(q, w, kcache, page_table, seq_lens, max_len):
-    bs, _, d = q.shape
-    n = live_len(seq_lens, max_len)
-    k = kcache[lg._live_page_ids(page_table, seq_lens, n)].view(bs, n, d)
-    scores = torch.bmm(q.to(k.dtype), k.transpose(1, 2)).transpose(1, 2)  # [bs, T, H]
-    acc = lg._acc_dtype(scores.dtype)
-    logits = torch.bmm(scores.to(acc).contiguous().relu_(), w.to(acc).unsqueeze(-1)).squeeze(-1)
-    return pad_logits(lg._mask_(logits, seq_lens), max_len)
-
-
-def plain_ref_fp8(q, w, pages, page_table, seq_lens, max_len, compute_dtype=torch.bfloat16):
-    bs, _, d = q.shape
-    n = live_len(seq_lens, max_len)
-    g = pages[lg._live_page_ids(page_table, seq_lens, n)]
-    k = g[..., : PAGE * d].view(torch.float8_e4m3fn).to(compute_dtype).view(bs, n, d)
-    scale = g[..., PAGE * d :].view(torch.float32).reshape(bs, n)
-    scores = torch.bmm(q.to(compute_dtype), k.transpose(1, 2)).transpose(1, 2)
-    acc = lg._acc_dtype(compute_dtype)
-    logits = torch.bmm(scores.to(acc).contiguous().relu_(), w.to(acc).unsqueeze(-1)).squeeze(-1)
-    return pad_logits(lg._mask_(logits * scale.to(acc), seq_lens), max_len)
 
 
 @functools.cache

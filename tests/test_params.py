@@ -2,15 +2,13 @@
 key and its valid values; the notebooks' parameters cells agree with it, key by key."""
 
 import ast
-import subprocess
-import sys
 
 import papermill as pm
 import pytest
 import yaml
 
 from nblib.core.paths import NOTEBOOK_DIR, NOTEBOOKS, ROOT
-from nblib.run import cli, notebook, suite
+from nblib.run import cli, notebook
 from nblib.schema import params as P
 
 CI = ROOT / "params" / "ci.yaml"
@@ -121,33 +119,11 @@ def test_setup_refuses_a_bad_parameter_before_results_exist(tmp_path):
     assert res["params"]["workload"]["out_tol"] == 0.01  # applied: the default the cell left out
 
 
-def test_output_dir_is_printed_and_resolved(tmp_path):
-    assert suite.output_dir(CI, tmp_path / "x") == (tmp_path / "x").resolve()
-    assert suite.output_dir(CI) == ROOT / "outputs" / "ci"
+def test_seed_blocks_that_share_seeds_are_refused_in_one_line():
+    from nblib.schema import params as P
 
-
-def test_setup_freezes_what_lives_for_good_once_and_keeps_no_garbage(tmp_path):
-    """In a fresh process: a cycle dropped before setup is collected, not frozen; what lives is
-    frozen (out of each later collection's traversal); a cycle made after setup is still collected."""
-    code = """
-import gc, sys, weakref
-from nblib.run import notebook
-from nblib.schema import params as P
-
-class Node:
-    pass
-
-before = Node(); before.me = before; dead = weakref.ref(before); del before
-ns = {k: P.default(k) for k in P.DECLARES["05_report"]}
-ns.update(backend="sim", output_dir=sys.argv[1])
-notebook.setup("05_report", ns)
-frozen = gc.get_freeze_count()
-after = Node(); after.me = after; later = weakref.ref(after); del after
-gc.collect()
-notebook.setup("05_report", ns)
-print(dead() is None, frozen > 100_000, later() is None, gc.get_freeze_count() <= frozen)  # once: no growth
-"""
-    out = subprocess.run(
-        [sys.executable, "-c", code, str(tmp_path)], cwd=ROOT, capture_output=True, text=True, check=True
-    )
-    assert out.stdout.splitlines()[-1] == "True True True True"
+    with pytest.raises(
+        ValueError, match="seed_blocks 0 and 3 share seeds: each block runs protocol_runs"
+    ) as e:
+        P.validate({"seed_blocks": [0, 3], "protocol_runs": 5})
+    assert "\n" not in str(e.value).strip().splitlines()[0]

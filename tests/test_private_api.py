@@ -3,9 +3,9 @@ shape, its test fails naming the versions installed and the public API to move t
 none). What needs a GPU to check is marked gpu; on a CPU the names and their signatures are checked.
 
 Where each is used (a comment at each use names the public API it stands in for):
-  torch.utils._python_dispatch.TorchDispatchMode   nblib/backends/sim/{ops,capture}.py, trace/cuda.py
+  torch.utils._python_dispatch.TorchDispatchMode   nblib/backends/{opinfo,sim/capture}.py, trace/cuda.py
   torch.utils._pytree.tree_flatten / unflatten     nblib/backends/sim/capture.py, trace/cuda.py
-  OpOverload._schema                               nblib/backends/sim/{ops,capture}.py, trace/cuda.py
+  OpOverload._schema                               nblib/backends/{opinfo,sim/capture}.py, trace/cuda.py
   torch._C._len_torch_dispatch_stack               tests (test_audit, test_recorder, test_sim)
   torch.cuda._sanitizer                            nblib/instruments/csan.py
   torch.cuda.memory._record_memory_history         nblib/backends/device.py, scripts/alloc_trace.py
@@ -28,7 +28,6 @@ import triton.language as tl
 
 from nblib.core.paths import ROOT
 
-gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 VERSIONS = f"torch {torch.__version__}, triton {triton.__version__}"
 
 
@@ -70,7 +69,7 @@ NO_PUBLIC_DISPATCH = (
 def test_torch_dispatch_mode_sees_every_op_with_its_schema():
     """TorchDispatchMode: subclass it, push it with `with`, and __torch_dispatch__(func, types, args,
     kwargs) gets each aten op; func._schema gives its name, its arguments' names and which are
-    written (alias_info.is_write, before_set), what nblib.backends.sim.ops.op_info reads."""
+    written (alias_info.is_write, before_set), what nblib.backends.opinfo.op_info reads."""
     mode_cls = resolve("torch.utils._python_dispatch.TorchDispatchMode", NO_PUBLIC_DISPATCH)
     seen = []
 
@@ -133,7 +132,6 @@ def test_cuda_sanitizer_names_and_signatures():
 
 
 @pytest.mark.gpu
-@gpu
 def test_cuda_sanitizer_reports_its_own_control_race():
     """CSAN's documentation example, in a child (its hooks cannot be removed): it must report."""
     code = (
@@ -169,7 +167,6 @@ def test_memory_history_names_and_signatures():
 
 
 @pytest.mark.gpu
-@gpu
 def test_memory_history_records_alloc_and_free_with_stream_and_frames():
     """What scripts/alloc_trace.py and gpu_probe.py read from the trace: action, addr, size, stream,
     frames (filename, line, name)."""

@@ -1,5 +1,6 @@
-"""The trace recorders patch nothing for longer than a recording, hold nothing of it afterwards, and
-never make the audited capture fail where a plain one would not."""
+"""The trace recorders (nblib.instruments.audit.trace) install their patches and give them back,
+patch nothing for longer than a recording, hold nothing of it afterwards, never make the audited
+capture fail where a plain one would not, and refuse an unknown backend."""
 
 import gc
 import types
@@ -9,11 +10,10 @@ import pytest
 import torch
 import triton
 
-from nblib.backends.sim import SimDevice, SimGraph
+from nblib.backends.sim import SimDevice
 from nblib.instruments import audit
 from nblib.instruments.audit import trace
 
-SIM_NAMES = ("capture_begin", "capture_end", "_abort")
 CUDA_NAMES = [
     (torch.cuda.CUDAGraph, "capture_begin"),
     (torch.cuda.CUDAGraph, "capture_end"),
@@ -25,10 +25,6 @@ CUDA_NAMES = [
 ]
 
 
-def _sim_originals():
-    return [SimGraph.__dict__[n] for n in SIM_NAMES]
-
-
 def _cuda_originals():
     return [owner.__dict__[name] for owner, name in CUDA_NAMES]
 
@@ -37,23 +33,21 @@ class Boom(Exception):
     pass
 
 
-def test_sim_recording_of_a_raising_function_restores_the_originals():
+def test_sim_recording_of_a_raising_function_removes_its_capture_hook():
     dev = SimDevice()
-    before = _sim_originals()
     with pytest.raises(Boom), audit.recording(dev) as rec:
-        assert _sim_originals() != before  # installed while recording
+        assert dev.capture_hooks == [rec]  # installed while recording
         with dev.graph(dev.CUDAGraph()):
             torch.ones(3) * 2
             raise Boom
-    assert all(a is b for a, b in zip(_sim_originals(), before))
+    assert dev.capture_hooks == []
     assert rec.captures and not rec.captures[0].complete
     # torch._C._len_torch_dispatch_stack: private, no public API (tests/test_private_api.py)
-    assert torch._C._len_torch_dispatch_stack() == 0 and dev._cap is None
+    assert torch._C._len_torch_dispatch_stack() == 0 and not dev.is_capturing()
 
 
-def test_audit_capture_of_a_raising_function_restores_the_originals():
+def test_audit_capture_of_a_raising_function_removes_its_capture_hook():
     dev = SimDevice()
-    before = _sim_originals()
 
     def bad():
         torch.ones(3) * 2
@@ -61,7 +55,7 @@ def test_audit_capture_of_a_raising_function_restores_the_originals():
 
     with pytest.raises(audit.AuditCaptureError, match="Boom"):
         audit.audit_capture(bad, device=dev)
-    assert all(a is b for a, b in zip(_sim_originals(), before))
+    assert dev.capture_hooks == []
 
 
 def test_cuda_recording_restores_its_patches_when_the_block_raises():
@@ -108,11 +102,7 @@ def test_a_finished_recording_is_freed_by_refcount_alone(backend):
             gc.enable()
 
 
-gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-
-
 @pytest.mark.gpu
-@gpu
 def test_cuda_recording_of_a_raising_capture_restores_the_originals_and_captures_again():
     from nblib.backends.device import get
 
@@ -148,3 +138,32 @@ def test_a_patched_inherited_name_is_removed_again():
     assert Child().f() == "patched"
     rec._restore()
     assert "f" not in Child.__dict__ and Child().f() == "base"
+
+
+def test_cuda_recorder_installs_and_restores_its_patches():
+    """Runs on any machine: the patched names exist in this torch and triton, and come back."""
+    import triton
+
+    names = [
+        (torch.cuda.CUDAGraph, "capture_begin"),
+        (torch.cuda.CUDAGraph, "capture_end"),
+        (torch.cuda.Event, "record"),
+        (torch.cuda.Event, "wait"),
+        (torch.cuda.Stream, "wait_event"),
+        (torch.cuda.Stream, "wait_stream"),
+        (torch.cuda.Stream, "record_event"),
+    ]
+    before = [getattr(c, n) for c, n in names]
+    hooks = list(triton.knobs.runtime.launch_enter_hook.calls)
+    with audit.recording(types.SimpleNamespace(name="cuda")) as rec:
+        assert isinstance(rec, trace.CudaRecording)
+        assert all(a != b for a, b in zip([getattr(c, n) for c, n in names], before))
+        assert any(getattr(h, "__self__", None) is rec for h in triton.knobs.runtime.launch_enter_hook.calls)
+        assert rec.captures == [] and rec.report().ok
+    assert [getattr(c, n) for c, n in names] == before
+    assert triton.knobs.runtime.launch_enter_hook.calls == hooks
+
+
+def test_recording_refuses_an_unknown_backend():
+    with pytest.raises(ValueError, match="no capture recorder"):
+        audit.recording(types.SimpleNamespace(name="cpu"))

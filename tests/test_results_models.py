@@ -119,3 +119,54 @@ def test_ci_suite_results_load(ci_suite):
     for p in paths:
         assert R.load(p).status == "ok", p.name
     R.IndexFile.model_validate_json((ci_suite / "index.json").read_text())
+
+
+def test_load_if_any_is_none_without_a_file_or_for_one_the_models_do_not_fit(tmp_path):
+    assert R.load_if_any(tmp_path / "00_reproduce.results.json") is None
+    d = _finished("00_reproduce")
+    path = tmp_path / "00_reproduce.results.json"
+    path.write_text(json.dumps(dict(d, surprise=1)))
+    assert R.load_if_any(path) is None
+    path.write_text(json.dumps(d))
+    assert R.load_if_any(path).commit == d["commit"]
+
+
+def test_a_finished_00_is_what_notebook_03_reads_of_it():
+    from nblib.studies import overlap
+
+    r = R.validate(_finished("00_reproduce"))
+    assert isinstance(r, overlap.Reproduced)
+    assert all(isinstance(m, overlap.MatrixRow) for m in r.matrix)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [{"a": {"b": 1}}, [[1, 2]], {"a": [1]}],
+    ids=["mapping in a mapping", "list of lists", "list in a mapping"],
+)
+def test_a_param_holds_leaves_or_one_list_or_mapping_of_them(value):
+    d = _finished("01_canary")
+    with pytest.raises(ValidationError, match="params"):
+        R.validate(dict(d, params=dict(d["params"], deep=value)))
+
+
+def test_a_params_leaves_keep_their_json_types():
+    d = _finished("01_canary")
+    params = dict(d["params"], flag=True, count=3, share=0.5, name="x", nothing=None)
+    got = R.validate(dict(d, params=params)).params
+    assert got == params and {k: type(v) for k, v in got.items()} == {k: type(v) for k, v in params.items()}
+
+
+def test_dropped_names_the_index_dtypes_and_the_reason_and_nothing_else():
+    d = _finished("01_canary")
+    dropped = dict(index_dtypes=["fp8"], reason="no fp8 tensor cores")
+    assert R.validate(dict(d, dropped=dropped)).dropped.index_dtypes == ["fp8"]
+    with pytest.raises(ValidationError, match="surprise"):
+        R.validate(dict(d, dropped=dict(dropped, surprise=1)))
+
+
+def test_a_hazard_row_of_03_with_a_field_the_model_does_not_know_fails():
+    d = _finished("03_stream_overlap")
+    assert d["hazards"], "a finished 03 names hazards"
+    with pytest.raises(ValidationError, match="surprise"):
+        R.validate(dict(d, hazards=[dict(d["hazards"][0], surprise=1)]))

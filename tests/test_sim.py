@@ -8,7 +8,7 @@ from typing import NamedTuple
 import pytest
 import torch
 from miniature import N, reuse_race_step
-from models import SIM
+from sim_steps import batches, sim_model
 
 from kernels.indexer import PAGE
 from nblib.backends.sim import MB, CachingAllocator, SimCaptureError, SimDevice, allocation_size, round_size
@@ -229,7 +229,7 @@ def test_a_raising_capture_leaves_nothing_half_finished():
         g.replay()
     with pytest.raises(ValueError, match="boom"), dev.graph(dev.CUDAGraph()):
         raise ValueError("boom")
-    assert dev._cap is None and dev.current_stream() is before
+    assert not dev.is_capturing() and dev.current_stream() is before
     g2 = dev.CUDAGraph()  # and the next capture works
     with dev.graph(g2):
         y = x + 1
@@ -257,7 +257,7 @@ def test_streams_must_join_and_be_joined():
         side.wait_stream(dev.current_stream())
         with dev.stream(side):
             x * 2
-    assert dev._cap is None
+    assert not dev.is_capturing()
 
 
 def test_events_order_streams():
@@ -400,35 +400,16 @@ def test_timeline_overlaps_concurrent_branches():
 # ------------------------------------------------------------------------------------------------
 
 
-def _batches(n, bs, gen, max_pages=16, num_pages=256):
-    for _ in range(n):
-        yield (
-            torch.randint(0, 512, (bs,), generator=gen),
-            torch.randint(1, num_pages, (bs, max_pages), generator=gen, dtype=torch.int32),
-            torch.randint(1, max_pages * 64, (bs,), generator=gen, dtype=torch.int32),
-            torch.full((bs,), 63),
-        )
-
-
-def _sim_model(gen, **knobs):
-    """The SIM model on a fresh simulator, every page but the scratch one prefilled from gen."""
-    from nblib.engine.model import DecodeModel, ModelConfig
-
-    m = DecodeModel(ModelConfig(**SIM, **knobs), SimDevice(seed=0))
-    m.prefill_entries(torch.arange(64, 256 * 64), gen)
-    return m
-
-
 def _divergent_steps(**knobs):
     from nblib.engine.runner import Runner
 
     gen = torch.Generator().manual_seed(0)
-    m = _sim_model(gen, **knobs)
+    m = sim_model(gen, **knobs)
     r = Runner(m, [1, 2, 4, 8]).capture()
     bad = {}
     for b in r.buckets:
         bad[b] = 0
-        for args in _batches(15, b, gen):
+        for args in batches(15, b, gen):
             ro, rk = r.reference(*args)
             o, k, _ = r.run(*args)
             bad[b] += int(not (torch.equal(o, ro) and torch.equal(k, rk)))
@@ -452,52 +433,6 @@ def test_model_overlap_bf16_transient_aliases_and_diverges():
     r, bad = _divergent_steps(overlap="on")
     assert {a["first"] for a in r.aliases()} == {"indexer.logits"}
     assert sum(bad.values()) > 0, bad
-
-
-def test_serial_graph_references_give_the_eager_steps_bits_and_still_see_the_race():
-    from nblib.engine.runner import Runner, same_bits
-
-    # the racing configuration: its references must not race
-    m = _sim_model(torch.Generator().manual_seed(0), overlap="on")
-    serial = Runner(m, [1, 2, 4, 8], serial_references=True).capture()
-    eager = Runner(m, [1, 2, 4, 8], serial_references=False)
-    gen, bad = torch.Generator().manual_seed(0), 0
-    for b in serial.buckets:
-        for args in _batches(15, b, gen):
-            ref = [t.clone() for t in serial.reference(*args)]
-            assert all(same_bits(a, e) for a, e in zip(ref, eager.reference(*args)))
-            o, k, _ = serial.run(*args)
-            bad += int(not (torch.equal(o, ref[0]) and torch.equal(k, ref[1])))
-    assert serial.serial_checks == dict.fromkeys([1, 2, 4, 8], True) and set(serial._serial) == {1, 2, 4, 8}
-    assert not eager._serial and bad > 0
-    assert {a["first"] for a in serial.aliases()} == {"indexer.logits"}  # the serial captures' notes dropped
-
-
-def test_a_serial_graph_that_differs_from_eager_turns_the_runner_back_to_eager(monkeypatch):
-    import contextlib
-
-    from nblib.engine.model import DecodeModel
-    from nblib.engine.runner import Runner
-
-    serial = DecodeModel.serial
-
-    @contextlib.contextmanager
-    def doubled_output(self):  # the capture reads other weights than the eager step
-        w_o = self.w_o
-        self.w_o = w_o * 2
-        with serial(self):
-            yield
-        self.w_o = w_o
-
-    monkeypatch.setattr(DecodeModel, "serial", doubled_output)
-    m = _sim_model(torch.Generator().manual_seed(0), overlap="off")
-    r = Runner(m, [2], serial_references=True)
-    args = next(_batches(1, 2, torch.Generator().manual_seed(0)))
-    with pytest.warns(UserWarning, match="eager references from here on"):
-        out, topk = r.reference(*args)
-    assert r.serial_checks == {2: False} and not r.serial_references and not r._serial
-    expect = Runner(m, [2], serial_references=False).reference(*args)
-    assert torch.equal(out, expect[0]) and torch.equal(topk, expect[1])
 
 
 def _overlaps(spans):

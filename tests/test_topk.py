@@ -1,31 +1,30 @@
-"""The Triton top-k kernels (kernels.topk's "bound" pair, kernels.topk_radix and kernels.topk_fused)
-against torch on random, tied, all -inf, short and long rows, in Triton's interpreter on the CPU;
-the references; the argument checks; the custom op."""
+"""The Triton top-k kernels (kernels.topk's "bound" pair and kernels.topk_fused) against torch on
+random, tied, all -inf, short and long rows, in Triton's interpreter on the CPU; the references; the
+argument checks; the custom op."""
 
 import pytest
 import torch
 from interp import interpret, run_without_interpreter
+from plain_refs import topk_contract
 
 from kernels import indexer as kx
 from kernels import topk as T
 from kernels import topk_check as TC
 from kernels import topk_fused as F
 from kernels import topk_keys as K
-from kernels import topk_radix as R
 from kernels import topk_row_bound as RB
 from kernels.launch import run
 
 # before the fixture swaps in interpreted twins
-COMPILED = (K._row_maxima_kernel, T._topk_kernel, R._candidates_kernel, R._select_kernel)
-COMPILED_FUSED = (RB._row_bound_kernel, F._fused_kernel)
-# radix and fused: chunks of 1024 entries, so a row of 4096 spans 4 candidate lists
-KERNEL_CONFIGS = dict(radix=dict(chunk=1024), bound=None, fused=dict(chunk=1024))
+COMPILED = (K.row_maxima_kernel, T._topk_kernel, RB.row_bound_kernel, F._fused_kernel)
+# fused: chunks of 1024 entries, so a row of 4096 spans 4 candidate lists
+KERNEL_CONFIGS = dict(bound=None, fused=dict(chunk=1024))
 NEG_INF = float("-inf")
 
 
 @pytest.fixture(autouse=True)
 def _interpreted(monkeypatch):
-    interpret(monkeypatch, T, R, K, F, RB)
+    interpret(monkeypatch, T, K, F, RB)
 
 
 # ---------------------------------------------------------------- references
@@ -45,7 +44,7 @@ def test_ref_equals_torch_topk_without_ties():
     x[1, ::3] = NEG_INF
     x[2] = NEG_INF
     x[2, [5, 9]] = 1.0
-    assert torch.equal(T.ref_topk_indices(x, 100), T.topk_indices(x, 100))
+    assert torch.equal(T.ref_topk_indices(x, 100), topk_contract(x, 100))
     assert T.ref_topk_indices(x, 100)[2].tolist() == [5, 9] + [-1] * 98
 
 
@@ -70,7 +69,7 @@ def test_lengths_mask_past_the_end():
 @pytest.mark.parametrize("name", [c[0] for c in TC.cases("cpu", width=256, k=16, bs=1)])
 def test_kernel_matches_reference_and_torch(name, kernel):
     # width 4096, k 64: the sub-chunk bound is in force (256 maxima >= k); short_row: it is not
-    assert T._sub_chunks(4096, 64, T.TOPK_CONFIG["maxima"]) == (16, 256)
+    assert K.sub_chunks(4096, 64, T.TOPK_CONFIG["maxima"]) == (16, 256)
     x, lens = next((x, lens) for n, x, lens in TC.cases("cpu", width=4096, k=64, bs=3) if n == name)
     assert TC.check_rows(x, 64, lens, kernel=kernel, config=KERNEL_CONFIGS[kernel]) == 3
 
@@ -78,7 +77,7 @@ def test_kernel_matches_reference_and_torch(name, kernel):
 @pytest.mark.parametrize("kernel", T.KERNELS)
 def test_kernel_at_the_models_shape(kernel):
     """k 512 over 65536 logits, random and tied rows (two rows each: the interpreter is slow). On
-    tied rows the radix select has 16384 candidates, more than its registers hold (cap 2048)."""
+    tied rows the fused select has 16384 candidates, more than its registers hold (cap 1024)."""
     for name, x, lens in TC.cases("cpu", width=65536, k=512, bs=2)[:2]:
         assert TC.check_rows(x, 512, lens, kernel=kernel) == 2, name
 
@@ -86,25 +85,9 @@ def test_kernel_at_the_models_shape(kernel):
 @pytest.mark.parametrize("kernel", T.KERNELS)
 def test_kernel_without_the_bound_falls_back_to_every_entry(kernel):
     x = torch.randn(2, 300)
-    sub, num_max = T._sub_chunks(300, 256, T.TOPK_CONFIG["maxima"])
+    sub, num_max = K.sub_chunks(300, 256, T.TOPK_CONFIG["maxima"])
     assert num_max < 256  # fewer sub-chunks than k: the bound is 0, every entry a candidate
     assert TC.check_rows(x, 256, kernel=kernel) == 2
-
-
-def test_radix_select_beyond_its_registers():
-    """cap 64: rows with more candidates than that take the select that reads the lists once per
-    pass; a row with fewer (its -inf entries are never candidates) stays in registers; both give
-    the reference's indices, on every kind of row."""
-    x = torch.randn(3, 4096)
-    x[1, 50:] = NEG_INF  # 50 candidates at most: in registers
-    launches = R.plan_topk_radix(x, 64, config=dict(chunk=1024, cap=64))
-    for launch in launches:
-        run(launch)
-    counts, out = launches[-1].args["cnt_ptr"], launches[-1].args["out_ptr"]
-    assert counts[0].sum() > 64 and counts[1].sum() == 50
-    assert torch.equal(out, T.ref_topk_indices(x, 64))
-    for name, x, lens in TC.cases("cpu", width=4096, k=64, bs=2):
-        assert TC.check_rows(x, 64, lens, kernel="radix", config=dict(chunk=1024, cap=64)) == 2, name
 
 
 def test_minus_inf_entries_are_never_candidates():
@@ -125,15 +108,14 @@ def test_minus_inf_entries_are_never_candidates():
     assert out[1].tolist() == [-1] * 64 and out[2].tolist() == list(range(40)) + [-1] * 24
 
 
-@pytest.mark.parametrize("plan", [R.plan_topk_radix, F.plan_topk_fused], ids=["radix", "fused"])
-def test_minus_inf_entries_are_never_filter_candidates(plan):
-    """The same for the filter-and-select kernels: no chunk of the padded row lists a candidate,
+def test_minus_inf_entries_are_never_filter_candidates():
+    """The same for the fused kernel: no chunk of the padded row lists a candidate,
     the short row's first chunk lists exactly its 40 finite entries, in index order, and the -1s
     follow them."""
     x = torch.randn(3, 4096)
     x[1] = NEG_INF
     x[2, 40:] = NEG_INF
-    launches = plan(x, 64, config=dict(chunk=1024))
+    launches = F.plan_topk_fused(x, 64, config=dict(chunk=1024))
     for launch in launches:
         run(launch)
     args = launches[-1].args
@@ -215,16 +197,16 @@ def test_validation_errors():
         (lambda: T.topk_indices_triton(x, 5, lens.to("meta")), "must be on one device"),
         (lambda: T.topk_indices(x, 101), "k=101 is larger than the row"),
         (
-            lambda: T.topk_indices_triton(x, 5, kernel="radix", config=dict(radix_bits=5)),
+            lambda: T.topk_indices_triton(x, 5, kernel="fused", config=dict(radix_bits=5)),
             "radix_bits must divide 32",
         ),
         (lambda: T.topk_indices_triton(x, 5, kernel="bound", config=dict(radix_bits=5)), "must divide 32"),
         (
-            lambda: T.topk_indices_triton(x, 5, kernel="radix", config=dict(chunk=1000)),
+            lambda: T.topk_indices_triton(x, 5, kernel="fused", config=dict(chunk=1000)),
             "chunk must be a power of two",
         ),
         (
-            lambda: T.topk_indices_triton(x, 5, kernel="radix", config=dict(block=1024)),
+            lambda: T.topk_indices_triton(x, 5, kernel="fused", config=dict(block=1024)),
             r"unknown config keys \['block'\]",
         ),
         (
@@ -235,7 +217,7 @@ def test_validation_errors():
             lambda: T.topk_indices_triton(x, 5, kernel="fused", config=dict(maxnreg=8)),
             "maxnreg must be 0",
         ),
-        (lambda: T.topk_indices_triton(x, 5, kernel="sort"), "kernel must be one of radix, bound, fused"),
+        (lambda: T.topk_indices_triton(x, 5, kernel="sort"), "kernel must be one of bound, fused"),
     ]
     for fn, msg in bad:
         with pytest.raises(ValueError, match=msg):
@@ -243,12 +225,10 @@ def test_validation_errors():
 
 
 def test_refuses_cpu_tensors_outside_the_interpreter(monkeypatch):
-    monkeypatch.setattr(T, "_row_maxima_kernel", COMPILED[0])
+    monkeypatch.setattr(K, "row_maxima_kernel", COMPILED[0])
     monkeypatch.setattr(T, "_topk_kernel", COMPILED[1])
-    monkeypatch.setattr(R, "_candidates_kernel", COMPILED[2])
-    monkeypatch.setattr(R, "_select_kernel", COMPILED[3])
-    monkeypatch.setattr(F, "_row_bound_kernel", COMPILED_FUSED[0])
-    monkeypatch.setattr(F, "_fused_kernel", COMPILED_FUSED[1])
+    monkeypatch.setattr(F, "row_bound_kernel", COMPILED[2])
+    monkeypatch.setattr(F, "_fused_kernel", COMPILED[3])
     for kernel in T.KERNELS:
         with pytest.raises(ValueError, match="needs CUDA tensors, got cpu"):
             T.topk_indices_triton(torch.randn(2, 100), 5, kernel=kernel)
@@ -258,7 +238,6 @@ def test_refuses_cpu_tensors_outside_the_interpreter(monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_gpu_check():
     code = (
         "from kernels import topk, topk_check as c; print([c.check('cuda', kernel=k) for k in topk.KERNELS])"
@@ -306,7 +285,6 @@ print("same")
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("kernel", T.KERNELS)
 @pytest.mark.parametrize("pdl", [0, 1])
 def test_programmatic_launch_inside_a_graph_matches_torch(pdl, kernel):

@@ -10,7 +10,7 @@ import papermill as pm
 import pytest
 
 from nblib.core.paths import NOTEBOOK_DIR, ROOT
-from nblib.run import warm
+from nblib.run import errors, warm
 
 
 def _notebook(path, *sources):
@@ -160,7 +160,7 @@ def test_kernels_start_ahead_by_the_hosts_cores_each_before_its_notebook(monkeyp
 def test_a_failed_notebook_closes_the_kernels_started_ahead_of_it(monkeypatch, tmp_path):
     suite, events = _suite_with_fakes(monkeypatch, failing="b")
     monkeypatch.setattr(suite, "kernels_ahead", lambda: 2)
-    with pytest.raises(SystemExit, match="b failed: boom"):
+    with pytest.raises(errors.NotebookFailed, match="b failed: boom"):
         suite._run_each(["a", "b", "c", "d"], {}, None, tmp_path, 60)
     assert ("run", "c") not in events
     assert sorted(n for e, n in events if e == "close") == ["a", "b", "c", "d"]  # c and d never ran
@@ -179,11 +179,11 @@ def test_the_notebook_after_the_lanes_gets_a_kernel_started_while_they_ran(monke
     assert events.index(("run", "05")) < events.index(("run", "x"))
 
     def failing(*a):
-        raise SystemExit("a lane failed")
+        raise errors.LaneFailed("a lane failed")
 
     events.clear()
     monkeypatch.setattr(suite, "_run_lanes", failing)
-    with pytest.raises(SystemExit, match="a lane failed"):
+    with pytest.raises(errors.LaneFailed, match="a lane failed"):
         suite._lanes_then_warm([["00"], ["01"]], [None, None], None, tmp_path, 60, ["05"])
     assert events == [("start", "05"), ("close", "05")]
 
@@ -229,7 +229,9 @@ def test_a_notebook_whose_panel_import_fails_is_marked_failed_before_it_runs(tmp
     (tmp_path / "notebooks" / "01_canary.ipynb").write_text(json.dumps(nb))
     monkeypatch.setattr(suite, "NOTEBOOK_DIR", tmp_path / "notebooks")
     out = tmp_path / "run"
-    with pytest.raises(SystemExit, match="01_canary failed: 01_canary: an import of the notebook fails"):
+    with pytest.raises(
+        errors.NotebookFailed, match="01_canary failed: 01_canary: an import of the notebook fails"
+    ):
         suite.run(P.ROOT / "params" / "ci.yaml", out, only=["01"])
     (rec,) = json.loads((out / "index.json").read_text())["notebooks"]
     assert rec["status"] == "failed"

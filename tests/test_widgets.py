@@ -51,9 +51,9 @@ def test_matrix_explorer_runs_the_chosen_knobs_through_the_batch_function(dev):
     p.click()
     assert "error" not in p.state, p.state.get("error")
     dev.manual_seed(0)
-    rows, aliases = reproduce.corruption_matrix(
-        dev, MODEL, BUCKETS, SMALL, ["bf16"], ["graph", "eager"], ["on"], progress=None
-    )
+    rows = reproduce.corruption_matrix(
+        dev, MODEL, BUCKETS, SMALL, reproduce.Knobs(["bf16"], ["graph", "eager"], ["on"])
+    ).rows
     assert p.state["rows"] == reproduce.with_intervals(rows)  # the same function, the same knobs
     assert seen == [1, 2]  # one tick per configuration, as each finished
     assert p.progress.value == p.progress.max == 2 and p.progress.bar_style == "success"

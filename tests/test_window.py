@@ -1,11 +1,9 @@
 """python -m nblib window: the trunk depth where the race is intermittent, found by a search over
 the protocol's rate, checked against a direct scan on the simulator; the written profile; no
-window; bad input in one line; the search's logic on made-up rate curves; the run's note on a GPU
-other than the H200."""
+window; bad input in one line; the search's logic on made-up rate curves."""
 
 import contextlib
 import io
-import types
 
 import pytest
 import yaml
@@ -14,8 +12,9 @@ from nblib.backends import device
 from nblib.core.paths import ROOT
 from nblib.engine import build
 from nblib.engine.runner import Runner
-from nblib.run import cli, suite
+from nblib.run import cli
 from nblib.schema import params as P
+from nblib.schema import tuned
 from nblib.studies import protocol, window
 
 BAND = window.Band()
@@ -108,6 +107,11 @@ def test_the_written_profile_is_the_input_with_the_chosen_depth(searched, small)
     assert points and all(p in header for p in points)
     assert "`python -m nblib window --params small.yaml --runs 1 --depths 6:12` at commit" in " ".join(header)
     assert not list(out.parent.glob(".*.tmp")), "the atomic write left its temporary file"
+    # beside it, the search's record: what the header says, as data
+    (record,) = tuned.read_records(out.parent)
+    assert tuned.record_path(out).exists() and record.depth == got["model"]["trunk_layers"]
+    assert [p.line() for p in record.points] == points and record.reason in printed
+    assert record.command == "python -m nblib window --params small.yaml --runs 1 --depths 6:12"
 
 
 def test_no_window_says_why_with_the_points_and_writes_nothing(tmp_path):
@@ -236,46 +240,3 @@ def test_two_edges_prefer_the_one_where_the_rate_falls():
     measure, _ = curve(bump)
     _, choice = window.run_search(measure, 0, 60, BAND, near=30)
     assert choice.direction == "falls" and 42 <= choice.depth <= 46
-
-
-def test_the_gpu_slug_names_the_file():
-    gpu = types.SimpleNamespace(name="cuda", device_name=lambda: "NVIDIA GeForce RTX 4090")
-    assert window.device_slug(gpu) == "nvidia-geforce-rtx-4090"
-    assert window.device_slug(types.SimpleNamespace(name="sim", device_name=lambda: "CPU simulator")) == "sim"
-
-
-# -- the suite's note on another GPU -----------------------------------------------------------
-
-
-def gpu(name):
-    return types.SimpleNamespace(name="cuda", device_name=lambda: name)
-
-
-def test_the_gpu_profile_on_another_gpu_prints_how_to_tune_it():
-    note = suite.tuning_note(ROOT / "params" / "gpu.yaml", gpu("NVIDIA A100-SXM4-80GB"))
-    assert note == (
-        "note: params/gpu.yaml was tuned on an NVIDIA H200 and this GPU is NVIDIA A100-SXM4-80GB; "
-        "`python -m nblib window --params params/gpu.yaml` tunes it for this GPU"
-    )
-    assert suite.tuning_note(ROOT / "params" / "gpu.yaml", gpu("NVIDIA H200")) is None
-    assert suite.tuning_note(ROOT / "params" / "local-nvidia-a100.yaml", gpu("NVIDIA A100")) is None
-    sim = types.SimpleNamespace(name="sim", device_name=lambda: "CPU simulator")
-    assert suite.tuning_note(ROOT / "params" / "gpu.yaml", sim) is None
-
-
-class Stop(Exception):
-    """Raised where the run would next need a GPU, so the test stops before anything runs."""
-
-
-def test_the_run_prints_the_note_before_anything_runs(tmp_path, monkeypatch, capsys):
-    gpu_yaml = ROOT / "params" / "gpu.yaml"
-    monkeypatch.setattr(P, "resolve_backend", lambda name: gpu("NVIDIA L40S"))
-
-    def stop(dev, n):
-        raise Stop
-
-    monkeypatch.setattr(suite, "_lane_gpus", stop)
-    with pytest.raises(Stop):
-        suite.run(gpu_yaml, tmp_path / "out", lanes=2)
-    assert capsys.readouterr().out == suite.tuning_note(gpu_yaml, gpu("NVIDIA L40S")) + "\n"
-    assert not (tmp_path / "out").exists()

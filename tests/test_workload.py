@@ -1,16 +1,15 @@
-import json
+"""nblib.engine.workload: the scheduler admits, retires and brings sessions back (by steps or by a
+tool call's duration), batches pad to buckets, each step's replay is wrapped in the instruments and
+judged against its reference, the verdicts count sessions and steps, and a step's inputs reach the
+device packed in one copy."""
+
 import math
 from types import SimpleNamespace
 
 import pytest
 import torch
-from scipy.stats import binom
 
-from kernels import indexer as kx
 from nblib.backends import device
-from nblib.core import stats
-from nblib.core.results import Results
-from nblib.engine.model import ModelConfig
 from nblib.engine.runner import SCRATCH_SLOT, Runner, bucket_for
 from nblib.engine.workload import (
     Replayed,
@@ -26,7 +25,6 @@ from nblib.engine.workload import (
     unpack,
     verdicts,
 )
-from nblib.studies.reproduce import check_matrix_args, fingerprint, verdict
 
 W = dict(
     sessions=6,
@@ -40,54 +38,6 @@ W = dict(
     think_min=1,
     think_max=3,
 )
-
-
-def test_wilson_known_values():
-    lo, hi = stats.wilson(0, 40)
-    assert lo == 0 and hi == pytest.approx(0.0876, abs=1e-3)
-    lo, hi = stats.wilson(5, 10)
-    assert (lo, hi) == (pytest.approx(0.2366, abs=1e-3), pytest.approx(0.7634, abs=1e-3))
-    assert stats.wilson(0, 0) == (0.0, 1.0)
-
-
-def test_bad_choices_fail_in_one_line_naming_the_valid_ones():
-    with pytest.raises(ValueError, match="bf16, fp8"):
-        ModelConfig(index_dtype="fp16")
-    with pytest.raises(ValueError, match="on, off"):
-        ModelConfig(overlap="maybe")
-    with pytest.raises(ValueError, match="transient, persistent"):
-        ModelConfig(logits_policy="pooled")
-    with pytest.raises(ValueError, match="graph, eager"):
-        check_matrix_args(["bf16"], ["replay"], ["on"], [1])
-    with pytest.raises(ValueError, match="positive integers"):
-        check_matrix_args(["bf16"], ["graph"], ["on"], [0, 2])
-    with pytest.raises(ValueError, match="cuda, sim"):
-        device.get("tpu")
-    with pytest.raises(ValueError, match="largest bucket"):
-        bucket_for(9, [1, 2, 8])
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on a machine without CUDA")
-def test_cuda_backend_without_cuda_names_sim():
-    with pytest.raises(RuntimeError, match="sim"):
-        device.get("cuda")
-
-
-def test_eager_step_matches_direct_reference(tiny_model):
-    m = tiny_model
-    bs, seq = 3, torch.tensor([700, 65, 1], dtype=torch.int32)
-    table = torch.zeros(bs, m.cfg.max_ctx // 64, dtype=torch.int32)
-    table[:, :11] = torch.arange(1, 1 + bs * 11, dtype=torch.int32).view(bs, 11)
-    m.prefill_entries(torch.arange(64, 64 * (1 + bs * 11)), torch.Generator().manual_seed(3))
-    tokens = torch.tensor([5, 6, 7])
-    stores = torch.full((bs,), 63)
-    out, topk = m.step(tokens, table, seq, stores)
-    x = m.embed[tokens]
-    q = (x @ m.w_q).view(bs, m.cfg.heads, m.cfg.dim)
-    logits = kx.ref_logits_bf16(q, (x @ m.w_head).float(), m.index_cache, table, seq, m.cfg.max_ctx)
-    assert torch.equal(topk, kx.topk_indices(logits, m.cfg.topk))
-    assert (topk[2] >= 0).sum() == 1 and (topk[1] >= 0).sum() == 32  # only live entries selected
-    assert out.shape == (bs, m.cfg.d_model) and torch.isfinite(out.float()).all()
 
 
 class Perturbing(Runner):
@@ -123,84 +73,6 @@ def test_continuous_batching_pads_to_buckets(tiny_model):
         for sid in s["sessions"]:
             served[sid] = served.get(sid, 0) + 1
     assert sorted(served) == list(range(W["sessions"]))
-
-
-def test_fingerprint_reports_what_rows_say():
-    rows = [
-        dict(index_dtype="bf16", mode="graph", overlap="on", bucket=4, sessions=10, corrupted_sessions=3),
-        dict(index_dtype="bf16", mode="eager", overlap="on", bucket=4, sessions=10, corrupted_sessions=0),
-        dict(index_dtype="fp8", mode="graph", overlap="on", bucket=4, sessions=10, corrupted_sessions=1),
-        dict(index_dtype="bf16", mode="graph", overlap="off", bucket=1, sessions=10, corrupted_sessions=0),
-    ]
-    fp = {c["check"]: c for c in fingerprint(rows)}
-    assert fp["bf16 + graph + overlap on, bucket > 1"]["holds"]
-    assert fp["eager"]["holds"] and not fp["fp8"]["holds"]
-    assert fp["bucket 1"]["upper95"] == pytest.approx(stats.wilson(0, 10)[1])
-
-
-def test_fingerprint_shows_a_bucket_the_pool_hides():
-    """Pooled, buckets 2 and 8 corrupt (the GPU run's 40/40 and 0/40); per bucket, 8 never does."""
-    racy = dict(index_dtype="bf16", mode="graph", overlap="on", sessions=40)
-    rows = [dict(racy, bucket=1, corrupted_sessions=0), dict(racy, bucket=2, corrupted_sessions=40)]
-    rows.append(dict(racy, bucket=8, corrupted_sessions=0))
-    fp = fingerprint(rows)
-    pooled = {c["check"]: c for c in fp if c["scope"] == "pooled"}
-    assert pooled["bf16 + graph + overlap on, bucket > 1"]["corrupted"] == 40
-    per = [(c["check"], c["corrupted"], c["sessions"], c["holds"]) for c in fp if c["scope"] == "bucket"]
-    assert per == [
-        ("bf16 + graph + overlap on, bucket 2", 40, 40, True),
-        ("bf16 + graph + overlap on, bucket 8", 0, 40, False),
-    ]
-    v = verdict(fp, rows)
-    assert v.startswith("fingerprint reproduced") and v.endswith(
-        "never corrupted (the alias depends on sizes): bucket 8 0/40."
-    )
-    rows[2]["corrupted_sessions"] = 5
-    assert "never corrupted" not in verdict(fingerprint(rows), rows)
-    # a bucket no step filled (40 sessions, bucket 48 after 40) is not measured, not "never corrupted"
-    rows.append(dict(racy, bucket=48, sessions=0, corrupted_sessions=0))
-    fp = fingerprint(rows)
-    (b48,) = [c for c in fp if c["check"].endswith("bucket 48")]
-    assert b48["holds"] is None and b48["why"].startswith("not measured")
-    v = verdict(fp, rows)
-    assert v.endswith("Not measured (no step filled the bucket): bucket 48.") and "0/0" not in v
-
-
-def test_results_status_is_ok_only_after_finish(tmp_path, eager_dev):
-    eager_dev.device_name = lambda: "cpu"
-    res = Results("nb", tmp_path, eager_dev, {"a": 1})
-    assert json.loads((tmp_path / "nb.results.json").read_text())["status"] == "running"
-    res["x"] = [1, 2]
-    res.finish()
-    data = json.loads((tmp_path / "nb.results.json").read_text())
-    assert data["status"] == "ok" and data["x"] == [1, 2] and data["params"] == {"a": 1}
-    assert list(tmp_path.iterdir()) == [tmp_path / "nb.results.json"]  # no temp files left
-
-
-def test_fisher_known_values():
-    assert stats.fisher(8, 10, 1, 6)["p"] == pytest.approx(0.034965, abs=1e-5)
-    assert stats.fisher(3, 4, 1, 4)["p"] == pytest.approx(0.485714, abs=1e-5)  # the lady tasting tea
-    assert stats.fisher(1, 10, 11, 14)["p"] == pytest.approx(0.0027595, abs=1e-6)
-    assert stats.fisher(0, 40, 0, 40)["p"] == 1.0
-    with pytest.raises(ValueError):
-        stats.fisher(5, 4, 0, 4)
-
-
-def test_sessions_needed_sanity():
-    assert stats.sessions_needed(0.15, method="normal") == 48  # the textbook formula, by hand: 47.2
-    n = stats.sessions_needed(0.15)
-    assert n >= 48 and stats.fisher_power(n, 0.15, 0) >= 0.8 > stats.fisher_power(n - 5, 0.15, 0)
-    assert stats.sessions_needed(0.5) < stats.sessions_needed(0.15) < stats.sessions_needed(0.05)
-    # exact power equals brute-force enumeration through scipy's Fisher test
-    brute = sum(
-        binom.pmf(a, 10, 0.3) * binom.pmf(b, 10, 0.05)
-        for a in range(11)
-        for b in range(11)
-        if stats.fisher(a, 10, b, 10)["p"] < 0.05
-    )
-    assert stats.fisher_power(10, 0.3, 0.05) == pytest.approx(brute, rel=1e-9)
-    assert stats.zero_failure_sessions(0.01) == 299 and stats.zero_failure_sessions(0.1) == 29  # ~3/target
-    assert stats.wilson(0, stats.zero_failure_sessions(0.01))[1] < 0.0131
 
 
 def test_in_bucket_counts_only_the_steps_replayed_in_that_bucket():
@@ -414,44 +286,6 @@ def test_verdicts_split_the_flags_per_step_and_count_sessions():
     assert verdicts(5, [], [])["corrupted_sessions"] == 0
 
 
-def test_models_of_the_same_shapes_share_one_weight_set_and_its_digest():
-    from nblib.engine import references
-    from nblib.engine.model import DecodeModel
-
-    dev = device.get("sim")
-    shapes = dict(heads=2, dim=16, topk=4, max_ctx=256, d_model=32, ffn=64, num_pages=16, vocab=32)
-    a = DecodeModel(ModelConfig(**shapes, overlap="on"), dev)
-    b = DecodeModel(ModelConfig(**shapes, overlap="off", logits_policy="persistent", index_dtype="fp8"), dev)
-    c = DecodeModel(ModelConfig(**shapes, seed=1), dev)
-    assert a.w_up is b.w_up and a.weight_set is b.weight_set
-    assert a.index_cache is not b.index_cache  # caches are each model's own
-    assert not torch.equal(a.w_up, c.w_up)
-    assert references.weights_digest(a) == references.weights_digest(b) != references.weights_digest(c)
-    again = ModelConfig(**shapes)
-    fresh = SimpleNamespace(weight_set=type(a.weight_set)(a.weight_set.tensors))
-    assert references.weights_digest(fresh) == references.weights_digest(DecodeModel(again, dev))
-
-
-def test_a_weight_folder_hands_a_drawn_set_to_the_next_process(tmp_path, monkeypatch):
-    from nblib.engine import model as engine
-
-    dev = device.get("sim")
-    shapes = dict(heads=2, dim=16, topk=4, max_ctx=256, d_model=32, ffn=64, num_pages=16, vocab=32)
-    monkeypatch.setattr(engine, "_WEIGHT_SETS", engine.OrderedDict())
-    monkeypatch.setattr(engine, "WEIGHT_FOLDER", [None])
-    engine.keep_weights_in(tmp_path)
-    drawn = engine.DecodeModel(ModelConfig(**shapes), dev).weight_set.tensors
-    assert len(list(tmp_path.glob("weights-*.pt"))) == 1
-    engine._WEIGHT_SETS.clear()  # as in the next notebook's process
-    monkeypatch.setattr(engine, "_draw_weights", lambda cfg, d: pytest.fail("drew a set the folder held"))
-    read = engine.DecodeModel(ModelConfig(**shapes, overlap="off"), dev).weight_set.tensors
-    assert read.keys() == drawn.keys()
-    assert all(torch.equal(read[k], drawn[k]) for k in drawn if k != "w_trunk")
-    assert all(torch.equal(a, b) for a, b in zip(read["w_trunk"], drawn["w_trunk"]))
-    with pytest.raises(pytest.fail.Exception, match="drew"):  # another seed is another file
-        engine.DecodeModel(ModelConfig(**shapes, seed=1), dev)
-
-
 def test_step_inputs_stay_themselves_on_the_cpu():
     from nblib.engine.workload import to_device
 
@@ -460,7 +294,6 @@ def test_step_inputs_stay_themselves_on_the_cpu():
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_step_inputs_reach_the_gpu_through_pinned_memory_without_waiting_for_queued_work():
     from nblib.engine.workload import to_device
 
@@ -472,38 +305,6 @@ def test_step_inputs_reach_the_gpu_through_pinned_memory_without_waiting_for_que
     queued = not torch.cuda.current_stream().query()  # the host ran ahead of the matmuls
     x.zero_()  # the host tensor changes after the call: the copy read its own pinned bytes
     assert queued and torch.equal(y.cpu(), torch.arange(4096 * 40, dtype=torch.int32).view(40, 4096))
-
-
-SERIAL_KNOBS = [{"index_dtype": "bf16"}, {"index_dtype": "fp8"}, {"topk_kernel": "triton"}]
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("knobs", SERIAL_KNOBS, ids=["bf16", "fp8", "triton"])
-def test_cuda_serial_graph_references_give_the_eager_steps_bits(knobs):
-    from models import GRAPH
-
-    from nblib.engine import build
-    from nblib.engine.runner import same_bits
-
-    dev = device.get("cuda")
-    m = build.model(dev, dict(GRAPH, num_pages=256, **knobs))  # overlap on: the racing configuration
-    m.prefill_entries(torch.arange(64, 256 * 64, device="cuda"), torch.Generator("cuda").manual_seed(0))
-    serial = Runner(m, [1, 2, 4, 8]).capture()  # serial references by default on CUDA
-    eager = Runner(m, [1, 2, 4, 8], serial_references=False)
-    gen = torch.Generator().manual_seed(0)
-    for b in serial.buckets:
-        for _ in range(5):
-            args = (
-                torch.randint(0, 512, (b,), generator=gen),
-                torch.randint(1, 256, (b, 16), generator=gen, dtype=torch.int32),
-                torch.randint(1, 16 * 64, (b,), generator=gen, dtype=torch.int32),
-                torch.full((b,), 63),
-            )
-            args = tuple(a.cuda() for a in args)
-            ref = [t.clone() for t in serial.reference(*args)]
-            assert all(same_bits(a, e) for a, e in zip(ref, eager.reference(*args))), (b, knobs)
-    assert serial.serial_references and serial.serial_checks == {1: True, 2: True, 4: True, 8: True}
 
 
 def _step_inputs():
@@ -529,7 +330,6 @@ def test_packed_inputs_come_back_with_their_values_dtypes_shapes_and_aligned():
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_inputs_reach_the_gpu_in_one_copy_with_their_values():
     host = _step_inputs()
     on = inputs_to_device(host, "cuda")
@@ -539,7 +339,6 @@ def test_inputs_reach_the_gpu_in_one_copy_with_their_values():
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_on_cuda_each_timed_step_reads_its_replays_time_from_events():
     """CUDA events around the replay: every step's time is positive, under a second on this tiny
     model, and a replay of the bigger bucket takes no less than the smallest's fastest step."""

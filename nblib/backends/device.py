@@ -16,13 +16,19 @@ Two modules call torch.cuda themselves, by design, because they watch torch.cuda
 """
 
 import contextlib
+from typing import TYPE_CHECKING, TypeAlias
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from nblib.core import collector
 
+if TYPE_CHECKING:  # for type hints only: get() imports the simulator lazily
+    from nblib.backends.sim.facade import SimDevice
+
 BACKENDS = ("cuda", "sim")
+# what get() returns: the type of `dev` wherever nblib takes the facade
+Device: TypeAlias = "CudaDevice | SimDevice"
 
 
 class CudaDevice:
@@ -57,6 +63,11 @@ class CudaDevice:
 
     def device_name(self):
         return torch.cuda.get_device_name(self.torch_device)
+
+    @staticmethod
+    def abort_capture() -> None:
+        """Nothing is done on CUDA: torch has no way to end a capture without the graph that began it,
+        so a stream left capturing stays so (the simulator's facade ends its capture)."""
 
     @staticmethod
     def eager_timing():

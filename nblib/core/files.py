@@ -9,15 +9,19 @@ beside the target, then os.replace it, which is atomic on one filesystem.
 import json
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import IO, Any
+
+__all__ = ["write_bytes", "write_json", "write_text", "write_with"]
 
 
-def write_bytes(path, data):
+def write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
     """Write `data` to `path` atomically; returns the path."""
     return write_with(path, lambda f: f.write(data))
 
 
-def write_with(path, write):
+def write_with(path: str | os.PathLike[str], write: Callable[[IO[bytes]], object]) -> Path:
     """Atomically, what write(f) writes into the binary file object f (torch.save(obj, f), say,
     with no copy of the bytes in memory first); returns the path."""
     path = Path(path)
@@ -34,10 +38,10 @@ def write_with(path, write):
     return path
 
 
-def write_text(path, text):
+def write_text(path: str | os.PathLike[str], text: str) -> Path:
     return write_bytes(path, text.encode())
 
 
-def write_json(path, obj):
+def write_json(path: str | os.PathLike[str], obj: Any) -> Path:
     """JSON, indented, atomically (values json can't encode are written as str)."""
     return write_text(path, json.dumps(obj, indent=1, default=str) + "\n")

@@ -12,10 +12,12 @@ absent; every other check of a notebook stays.
 
 import sys
 
+__all__ = ["SKIPPED", "skip_unused_format_checkers"]
+
 SKIPPED = ("rfc3987_syntax",)
 
 
-def skip_unused_format_checkers():
+def skip_unused_format_checkers() -> None:
     """Block SKIPPED's imports in this process, unless one was imported already (then it is kept)."""
     for name in SKIPPED:
-        sys.modules.setdefault(name, None)
+        sys.modules.setdefault(name, None)  # type: ignore[arg-type]  # None blocks the import

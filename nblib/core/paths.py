@@ -5,6 +5,8 @@ from outside the project and 07 runs the whole method on it, both apart from the
 
 from pathlib import Path
 
+__all__ = ["MEASURING", "NBLIB", "NOTEBOOKS", "NOTEBOOK_DIR", "ROOT"]
+
 ROOT = Path(__file__).resolve().parents[2]
 NBLIB = ROOT / "nblib"
 NOTEBOOK_DIR = ROOT / "notebooks"

@@ -23,9 +23,12 @@ both).
 
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 
 from pydantic import BaseModel
+
+__all__ = ["OTHER", "PER_STEP", "PHASES", "PhaseClock", "PhaseTime", "clock", "phase", "start", "table"]
 
 # The vocabulary: a typo in a phase name fails at once rather than making a new row.
 PHASES = (
@@ -66,7 +69,7 @@ class PhaseClock:
         self._stack: list[list] = []  # [name, when it last resumed]
 
     @contextlib.contextmanager
-    def phase(self, name: str):
+    def phase(self, name: str) -> Iterator[None]:
         if name not in PHASES:
             raise ValueError(f"unknown phase {name!r}: choose one of {', '.join(PHASES)}")
         now = _now()
@@ -135,7 +138,7 @@ def clock() -> PhaseClock:
     return _CURRENT[0]
 
 
-def phase(name: str):
+def phase(name: str) -> AbstractContextManager[None]:
     """`with phase("capture"): ...` on the process-wide clock."""
     return _CURRENT[0].phase(name)
 

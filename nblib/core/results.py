@@ -7,7 +7,9 @@ cell sets it to "ok", so a run that died (or timed out inside papermill) never s
 import os
 import platform
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, Protocol
 
 import torch
 
@@ -20,14 +22,22 @@ try:  # optional: the simulator and the torch references run without Triton
 except ImportError:
     triton = None
 
-__all__ = ["Results", "commit", "environment", "write_json"]
+__all__ = ["DeviceInfo", "Results", "commit", "environment", "write_json"]
+
+
+class DeviceInfo(Protocol):
+    """What results.json asks of the device facade (nblib.backends.device, a layer above core)."""
+
+    name: str
+
+    def device_name(self) -> str: ...
 
 
 def _git(*args):
     return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
 
 
-def commit():
+def commit() -> str:
     """This project's HEAD, with "+dirty" when the working tree differs from it; "unknown" when it
     cannot be told. NBLIB_COMMIT, when set, wins: a copy of the tree on another machine (the device)
     may carry a stale .git or none. A git repository that merely encloses the project (a copy
@@ -45,7 +55,7 @@ def commit():
     return head + ("+dirty" if dirty else "")
 
 
-def environment(dev):
+def environment(dev: DeviceInfo) -> dict[str, str | None]:
     return dict(
         backend=dev.name,
         device=dev.device_name(),
@@ -64,10 +74,20 @@ class Results:
     should write (nblib.setup passes the results schema in: core cannot import it), so a notebook
     that writes an unknown key or leaves one out fails its own run, its file left "running"."""
 
-    def __init__(self, notebook, output_dir, dev, params, fixed=None, check=None):
+    def __init__(
+        self,
+        notebook: str,
+        output_dir: str | os.PathLike[str],
+        dev: DeviceInfo,
+        params: dict[str, Any],
+        fixed: dict[str, Any] | None = None,
+        check: Callable[[dict[str, Any]], object] | None = None,
+    ):
         self.path = Path(output_dir) / f"{notebook}.results.json"
         self.check = check
-        self.data = dict(notebook=notebook, status="running", **environment(dev), params=params)
+        self.data: dict[str, Any] = dict(
+            notebook=notebook, status="running", **environment(dev), params=params
+        )
         if fixed:
             self.data["fixed"] = fixed
         write_json(self.path, self.data)
@@ -79,7 +99,7 @@ class Results:
     def __getitem__(self, key):
         return self.data[key]
 
-    def finish(self):
+    def finish(self) -> Path:
         """Record the phase times of the process-wide clock (nblib.setup started it), then status ok."""
         clock = phases.clock()
         wall = clock.wall()

@@ -5,8 +5,18 @@ import math
 import numpy as np
 from scipy.stats import binom, binomtest, fisher_exact, hypergeom, norm
 
+__all__ = [
+    "fisher",
+    "fisher_power",
+    "fmt_rate",
+    "rate",
+    "sessions_needed",
+    "wilson",
+    "zero_failure_sessions",
+]
 
-def wilson(k, n, confidence=0.95):
+
+def wilson(k: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
     """Wilson score interval for k successes in n trials (scipy's binomtest), (0, 1) when n == 0."""
     if n == 0:
         return 0.0, 1.0
@@ -14,17 +24,17 @@ def wilson(k, n, confidence=0.95):
     return float(ci.low), float(ci.high)
 
 
-def rate(k, n):
+def rate(k: int, n: int) -> dict[str, float]:
     lo, hi = wilson(k, n)
     return dict(k=k, n=n, rate=(k / n if n else float("nan")), lo=lo, hi=hi)
 
 
-def fmt_rate(k, n):
+def fmt_rate(k: int, n: int) -> str:
     lo, hi = wilson(k, n)
     return f"{k}/{n} [{100 * lo:.1f}%, {100 * hi:.1f}%]"
 
 
-def fisher(k1, n1, k2, n2):
+def fisher(k1: int, n1: int, k2: int, n2: int) -> dict[str, float]:
     """Fisher's exact test (two-sided) of k1/n1 against k2/n2: dict(p, odds_ratio).
     The question it answers: could both arms share one corruption rate?"""
     if not (0 <= k1 <= n1 and 0 <= k2 <= n2):
@@ -37,7 +47,9 @@ def _z(q):
     return float(norm.ppf(q))
 
 
-def sessions_needed(p0, p1=0.0, alpha=0.05, power=0.8, method="fisher"):
+def sessions_needed(
+    p0: float, p1: float = 0.0, alpha: float = 0.05, power: float = 0.8, method: str = "fisher"
+) -> int:
     """Sessions per arm to tell a baseline corruption rate p0 from a fixed rate p1 (default 0),
     two-sided, at `alpha` with `power`.
 
@@ -63,7 +75,7 @@ def sessions_needed(p0, p1=0.0, alpha=0.05, power=0.8, method="fisher"):
     return n
 
 
-def fisher_power(n, p0, p1, alpha=0.05):
+def fisher_power(n: int, p0: float, p1: float, alpha: float = 0.05) -> float:
     """Exact power of the two-sided Fisher test with n sessions per arm: for each total K of
     corrupted sessions, the hypergeometric null gives every split's p-value (scipy's rule: the sum
     of the splits no likelier than it), and the rejected splits are weighted by their binomial
@@ -81,7 +93,7 @@ def fisher_power(n, p0, p1, alpha=0.05):
     return total
 
 
-def zero_failure_sessions(target, confidence=0.95, method="exact"):
+def zero_failure_sessions(target: float, confidence: float = 0.95, method: str = "exact") -> int:
     """Clean sessions needed, with zero failures, for the upper bound on the rate to fall below
     `target`. method "exact": the one-sided binomial bound ((1 - target)^n <= 1 - confidence), about
     3 / target at 95 % (the rule of three; 1 % -> 299). method "wilson": the upper end of the

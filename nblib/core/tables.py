@@ -5,6 +5,8 @@ tabulate pads every cell to its column's widest, which more than doubles writeup
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
+__all__ = ["NONE", "from_dicts", "head", "line", "markdown"]
+
 NONE = "_(none)_"
 
 

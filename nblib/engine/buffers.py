@@ -11,7 +11,18 @@ two concurrent users, or two buckets' graphs, from sharing one buffer. A request
 capturing is refused: allocated then, the buffer would come from the graph's pool, which is the bug.
 """
 
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
 import torch
+
+if TYPE_CHECKING:
+    from nblib.backends.device import Device
+
+__all__ = ["BufferKey", "PersistentBufferError", "PersistentBuffers"]
+
+# a buffer's identity: (stream, bucket, shape, dtype)
+BufferKey = tuple[str, int, tuple[int, ...], torch.dtype]
 
 
 class PersistentBufferError(RuntimeError):
@@ -19,15 +30,17 @@ class PersistentBufferError(RuntimeError):
 
 
 class PersistentBuffers:
-    def __init__(self, dev):
+    def __init__(self, dev: "Device"):
         self.dev = dev
-        self._bufs = {}
+        self._bufs: dict[BufferKey, torch.Tensor] = {}
 
     @staticmethod
-    def key(stream, bucket, shape, dtype):
+    def key(stream: object, bucket: int, shape: Sequence[int], dtype: torch.dtype) -> BufferKey:
         return (str(stream), int(bucket), tuple(int(s) for s in shape), dtype)
 
-    def reserve(self, stream, bucket, shape, dtype=torch.float32):
+    def reserve(
+        self, stream: object, bucket: int, shape: Sequence[int], dtype: torch.dtype = torch.float32
+    ) -> torch.Tensor:
         """Allocate the buffer now (a no-op when it exists). Refused while capturing."""
         k = self.key(stream, bucket, shape, dtype)
         if k not in self._bufs:
@@ -39,27 +52,29 @@ class PersistentBuffers:
             self._bufs[k] = torch.empty(k[2], dtype=dtype, device=self.dev.torch_device)
         return self._bufs[k]
 
-    def get(self, stream, bucket, shape, dtype=torch.float32):
+    def get(
+        self, stream: object, bucket: int, shape: Sequence[int], dtype: torch.dtype = torch.float32
+    ) -> torch.Tensor:
         """The buffer for this key: reserved earlier, or (outside a capture) allocated now."""
         return self.reserve(stream, bucket, shape, dtype)
 
-    def __contains__(self, k):
+    def __contains__(self, k: object) -> bool:
         return k in self._bufs
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self._bufs)
 
     @property
-    def nbytes(self):
+    def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self._bufs.values())
 
-    def describe(self):
+    def describe(self) -> list[dict[str, Any]]:
         return [
             dict(buffer=_name(k), nbytes=t.numel() * t.element_size(), addr=hex(t.data_ptr()))
             for k, t in self._bufs.items()
         ]
 
 
-def _name(k):
+def _name(k: BufferKey) -> str:
     stream, bucket, shape, dtype = k
     return f"{stream}/bucket {bucket}/{'x'.join(map(str, shape))} {str(dtype).replace('torch.', '')}"

@@ -1,21 +1,28 @@
-"""The engine assembled from a profile's plain values: one place for what every study and
-instrument used to spell out by hand.
+"""The engine assembled from a profile's plain values: one place that every study and
+instrument builds through, so none of them spells the assembly out by hand.
 
     m = build.model(dev, profile["model"], index_dtype="bf16", overlap="on")
     run = build.bucket_run(runner, profile["workload"], bucket=8)   # run.result, run.counts
     batch = build.full_batch(m, bucket=8)                           # runner.run(*batch)
 """
 
-from typing import NamedTuple
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
 from nblib.core import phases
 from nblib.engine.model import PAGE, DecodeModel, ModelConfig
-from nblib.engine.workload import WorkloadConfig, in_bucket, run_sessions
+from nblib.engine.runner import Runner
+from nblib.engine.workload import Instrument, WorkloadConfig, in_bucket, run_sessions
+
+if TYPE_CHECKING:
+    from nblib.backends.device import Device
+
+__all__ = ["Batch", "BucketRun", "bucket_run", "full_batch", "model"]
 
 
-def model(dev, shapes, **knobs):
+def model(dev: "Device", shapes: Mapping[str, Any], **knobs: Any) -> DecodeModel:
     """A DecodeModel from a profile's `model` dict (shapes) and the knobs (index_dtype, overlap,
     logits_policy); ModelConfig checks both and fails in one line on a bad value."""
     cfg = ModelConfig(**shapes, **knobs)
@@ -24,11 +31,17 @@ def model(dev, shapes, **knobs):
 
 
 class BucketRun(NamedTuple):
-    result: dict  # run_sessions' verdicts over every step, tail included
-    counts: dict  # in_bucket: the sessions and steps replayed in this bucket's graph only
+    result: dict[str, Any]  # run_sessions' verdicts over every step, tail included
+    counts: dict[str, int]  # in_bucket: the sessions and steps replayed in this bucket's graph only
 
 
-def bucket_run(runner, workload, bucket, instruments=(), **overrides):
+def bucket_run(
+    runner: Runner,
+    workload: Mapping[str, Any],
+    bucket: int,
+    instruments: Sequence[Instrument] = (),
+    **overrides: Any,
+) -> BucketRun:
     """The workload (a profile's dict, plus overrides such as seed or sessions) with at most `bucket`
     sessions decoding together; counts are the steps this bucket's graph replayed (the tail's
     smaller buckets excluded: see in_bucket)."""
@@ -45,13 +58,13 @@ class Batch(NamedTuple):
     seq_lens: torch.Tensor
     store_slots: torch.Tensor
 
-    def step(self, index=0):
+    def step(self, index: int = 0) -> dict[str, Any]:
         """The step record run_sessions hands its instruments (live_pages left to the canary)."""
         bs = len(self.tokens)
         return dict(index=index, bs=bs, bucket=bs, **self._asdict())
 
 
-def full_batch(m, bucket, seed=0, ctx=None):
+def full_batch(m: DecodeModel, bucket: int, seed: int = 0, ctx: int | None = None) -> Batch:
     """A full bucket of requests of `ctx` entries each (default: half the longest context), on
     distinct pages, prefilled; fewer entries when the cache cannot hold them all."""
     per = ctx or m.cfg.max_ctx // 2

@@ -42,8 +42,8 @@ import torch
 import torch.nn.functional as F
 
 from kernels import indexer as kx
-from nblib.backends.sim.fastops import live_columns
 from nblib.core import files
+from nblib.core.live import live_columns
 from nblib.engine.buffers import PersistentBuffers
 
 INDEX_DTYPES = ("bf16", "fp8")
@@ -79,7 +79,7 @@ class ModelConfig:
     trunk_layers: int = 0  # main-branch layers between the fork and the MLP (the race's lead)
     trunk_width: int = 2048
     # indexer programs per request: 0 fills the GPU (the main branch then waits for SMs, and the
-    # race's margin no longer depends on the contexts); n > 0 leaves SMs to the overlapped main
+    # race's margin does not depend on the contexts); n > 0 leaves SMs to the overlapped main
     # branch, so the indexer's time follows the longest context in the batch
     indexer_programs: int = 0
     # the indexer's top-k: "torch" (torch.topk, several kernels, as the campaign's engine ran it) or
@@ -98,9 +98,6 @@ class ModelConfig:
         check_choice("logits policy", self.logits_policy, LOGITS_POLICIES)
         if self.max_ctx % PAGE:
             raise ValueError(f"max_ctx must be a multiple of the page size {PAGE}, got {self.max_ctx}")
-
-    def with_knobs(self, **knobs):
-        return replace(self, **knobs)
 
 
 @dataclass
@@ -323,7 +320,7 @@ class DecodeModel:
             return kx.topk_indices_op(logits, self.cfg.topk)  # csi::topk_indices: Triton on CUDA
         if logits.device.type == "cpu" and not self.dev.is_current_stream_capturing():
             # the same indices from the columns before the -inf tail (a replay's top-k node takes
-            # the same shortcut, sim.fastops.SHORTCUTS); a capture records the op over every column
+            # the same shortcut, the simulator's fastops); a capture records the op over every column
             logits = logits[:, : live_columns(logits, self.cfg.topk)]
         return kx.topk_indices(logits, self.cfg.topk)
 

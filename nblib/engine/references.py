@@ -32,14 +32,31 @@ the groups that gained steps when it ends. The folder is named by a digest of th
 import dataclasses
 import functools
 import hashlib
+from collections.abc import Sequence
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
 from nblib.core import files
 from nblib.core.paths import NBLIB, ROOT
-from nblib.engine.model import GRAPH_ONLY_KNOBS, PAGE
+from nblib.engine.model import GRAPH_ONLY_KNOBS, PAGE, DecodeModel, ModelConfig
+
+if TYPE_CHECKING:
+    from nblib.engine.runner import Runner
+    from nblib.engine.workload import WorkloadConfig
+
+__all__ = [
+    "WEIGHT_SAMPLE",
+    "Reference",
+    "References",
+    "digest",
+    "live_inputs",
+    "model_key",
+    "shared",
+    "source_digest",
+    "weights_digest",
+]
 
 
 class Reference(NamedTuple):
@@ -47,23 +64,25 @@ class Reference(NamedTuple):
     topk: torch.Tensor
 
 
-def model_key(cfg):
+def model_key(cfg: ModelConfig) -> ModelConfig:
     """The model config with the capture-only knobs fixed: equal keys, equal eager steps."""
-    return dataclasses.replace(cfg, **GRAPH_ONLY_KNOBS)
+    return dataclasses.replace(cfg, **GRAPH_ONLY_KNOBS)  # type: ignore[arg-type]  # str-valued knobs
 
 
-def digest(args):
+def digest(args: Sequence[torch.Tensor]) -> bytes:
     """A digest of a step's inputs (tokens, page table, sequence lengths, store slots)."""
     h = hashlib.blake2b(digest_size=16)
     for arg in args:
         t = arg.detach().cpu().contiguous()
         h.update(str((t.dtype, tuple(t.shape))).encode())
         if t.numel():
-            h.update(t.view(-1).view(torch.uint8).numpy())  # the bytes in place, not a copy
+            h.update(t.view(-1).view(torch.uint8).numpy())  # type: ignore[arg-type]  # the bytes in place, not a copy
     return h.digest()
 
 
-def live_inputs(args):
+def live_inputs(
+    args: Sequence[torch.Tensor],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The step's inputs with the page table cut to the pages its longest request holds: the step
     reads no column past a request's length (the indexer stops at seq_len, the top-k indices stay
     below it, the compressor writes through store_slots), and the rest of a [bs, max_ctx / 64]
@@ -79,7 +98,7 @@ def live_inputs(args):
 WEIGHT_SAMPLE = 4096
 
 
-def weights_digest(model):
+def weights_digest(model: DecodeModel) -> bytes:
     """A digest of the model's weights, computed once per weight set (weights never change after
     they are drawn, and models of the same shapes and seed share one set: DecodeModel.weight_set;
     the caches do change, and their live entries follow from the workload): each weight's shape,
@@ -100,7 +119,7 @@ class References:
     from its file, and flush() writes the groups that gained steps (atomically, merged with what the
     file held), so the notebooks of one run folder compute each eager step once between them."""
 
-    def __init__(self, folder=None):
+    def __init__(self, folder: str | Path | None = None):
         self._groups: dict[tuple, dict[str, Reference]] = {}
         self._fresh: set[tuple] = set()  # groups with steps their file lacks
         self.folder = Path(folder) if folder else None
@@ -108,14 +127,21 @@ class References:
         self.misses = 0
         self.read = 0  # steps read from files
 
-    def __len__(self):
+    def __len__(self) -> int:
         return sum(len(g) for g in self._groups.values())
 
-    def attach(self, folder):
+    def attach(self, folder: str | Path | None) -> None:
         """Back the store with `folder` (None: memory only); groups already in memory stay."""
         self.folder = Path(folder) if folder else None
 
-    def get(self, runner, workload, index, args, host_args=None):
+    def get(
+        self,
+        runner: "Runner",
+        workload: "WorkloadConfig",
+        index: int,
+        args: Sequence[torch.Tensor],
+        host_args: Sequence[torch.Tensor] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """runner.reference(*args), from the store when this step was computed before. host_args:
         the same inputs on the host, to digest without copying from the device (no sync)."""
         if runner.model.plant_divergence:  # a check of the instruments: never share its model's steps
@@ -134,7 +160,7 @@ class References:
         self._fresh.add(group)
         return ref
 
-    def flush(self):
+    def flush(self) -> None:
         """Write each group that gained steps to its file (no-op without a folder)."""
         if self.folder is None:
             self._fresh.clear()
@@ -165,7 +191,7 @@ class References:
         return {k: Reference(*v) for k, v in data["steps"].items()}
 
 
-def source_digest():
+def source_digest() -> str:
     """A digest of the engine's and kernels' source (nblib and kernels, every .py file): a file of
     references is read only by the code that wrote it, committed or not."""
     h = hashlib.blake2b(digest_size=8)
@@ -178,6 +204,6 @@ def source_digest():
 _SHARED = References()
 
 
-def shared():
+def shared() -> References:
     """The process's References: every study in one notebook shares it."""
     return _SHARED

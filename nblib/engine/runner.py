@@ -7,31 +7,36 @@ Padding rows read page 0, the scratch page, and store into its last slot.
 
 import contextlib
 import warnings
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
+from typing import Any
 
 import torch
 
 from nblib.core import phases
-from nblib.engine.model import PAGE
+from nblib.engine.model import PAGE, DecodeModel
+
+__all__ = ["MODES", "SCRATCH_SLOT", "Runner", "StaticBatch", "bucket_for", "check_buckets", "same_bits"]
 
 SCRATCH_SLOT = PAGE - 1  # page 0, last slot: where rows with nothing to store write
 MODES = ("graph", "eager")
 
 
-def bucket_for(bs, buckets):
+def bucket_for(bs: int, buckets: Iterable[int]) -> int:
     fits = [b for b in sorted(buckets) if b >= bs]
     if not fits:
         raise ValueError(f"batch of {bs} is larger than the largest bucket {max(buckets)}")
     return fits[0]
 
 
-def check_buckets(buckets):
+def check_buckets(buckets: Iterable[int]) -> list[int]:
     bad = [b for b in buckets if not isinstance(b, int) or b < 1]
     if bad or not buckets:
         raise ValueError(f"buckets must be positive integers, got {buckets!r}")
     return sorted(set(buckets))
 
 
-def same_bits(a, b):
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether two tensors hold the same bytes (NaN payloads and signed zeros included)."""
     if a.shape != b.shape or a.dtype != b.dtype:
         return False
@@ -41,16 +46,22 @@ def same_bits(a, b):
 class StaticBatch:
     """The fixed input buffers a graph reads: tokens, page table, sequence lengths, store slots."""
 
-    def __init__(self, bucket, max_pages, device):
+    def __init__(self, bucket: int, max_pages: int, device: torch.device):
         self.tokens = torch.zeros(bucket, dtype=torch.long, device=device)
         self.page_table = torch.zeros(bucket, max_pages, dtype=torch.int32, device=device)
         self.seq_lens = torch.ones(bucket, dtype=torch.int32, device=device)
         self.store_slots = torch.full((bucket,), SCRATCH_SLOT, dtype=torch.long, device=device)
 
-    def args(self):
+    def args(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         return self.tokens, self.page_table, self.seq_lens, self.store_slots
 
-    def fill(self, tokens, page_table, seq_lens, store_slots):
+    def fill(
+        self,
+        tokens: torch.Tensor,
+        page_table: torch.Tensor,
+        seq_lens: torch.Tensor,
+        store_slots: torch.Tensor,
+    ) -> None:
         n = len(tokens)
         self.tokens[:n].copy_(tokens)
         self.tokens[n:].zero_()
@@ -74,21 +85,30 @@ class Runner:
     a replay one launch. Each serial graph's first replay is checked bit for bit against the eager
     step on the same inputs (serial_checks); a mismatch turns the runner back to eager references."""
 
-    def __init__(self, model, buckets, mode="graph", references=None, serial_references=None):
+    def __init__(
+        self,
+        model: DecodeModel,
+        buckets: Iterable[int],
+        mode: str = "graph",
+        references: Any = None,  # References | None; untyped here, as references.py types Runner
+        serial_references: bool | None = None,
+    ):
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r}: choose one of {', '.join(MODES)}")
         self.model, self.dev, self.mode = model, model.dev, mode
         self.buckets = check_buckets(buckets)
         self.max_pages = model.cfg.max_ctx // PAGE
         self.static = {b: StaticBatch(b, self.max_pages, self.dev.torch_device) for b in self.buckets}
-        self._reference_static = {}  # bucket -> the eager reference's input buffers (Runner.reference)
-        self.graphs = {}
+        self._reference_static: dict[int, StaticBatch] = {}  # bucket -> the reference's input buffers
+        self.graphs: dict[int, tuple[Any, torch.Tensor, torch.Tensor]] = {}
         self.references = references
         self.serial_references = self.dev.name == "cuda" if serial_references is None else serial_references
-        self._serial = {}  # bucket -> (graph, out, topk): the reference's serial graph
-        self.serial_checks = {}  # bucket -> whether its serial graph gave the eager step's bits
+        self._serial: dict[int, tuple[Any, torch.Tensor, torch.Tensor]] = {}  # bucket -> its serial graph
+        self.serial_checks: dict[int, bool] = {}  # bucket -> whether its serial graph gave the eager bits
 
-    def capture(self, record=None, keep_graph=False):
+    def capture(
+        self, record: Callable[[int], AbstractContextManager[Any]] | None = None, keep_graph: bool = False
+    ) -> "Runner":
         """Warm up each bucket eagerly, then capture largest first into one shared pool.
         `record(bucket)`, if given, is a context manager wrapped around each capture (tracing).
         keep_graph: keep CUDA's graph after instantiation, so it can be read back (audit_graph)."""
@@ -119,7 +139,13 @@ class Runner:
         dev.synchronize()
         return self
 
-    def run(self, tokens, page_table, seq_lens, store_slots):
+    def run(
+        self,
+        tokens: torch.Tensor,
+        page_table: torch.Tensor,
+        seq_lens: torch.Tensor,
+        store_slots: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, int]:
         """Decode one step for a batch of len(tokens) requests; returns (out, topk, bucket)."""
         bs = len(tokens)
         b = bucket_for(bs, self.buckets)
@@ -132,7 +158,13 @@ class Runner:
             out, topk = self.model.step(*st.args())
         return out[:bs], topk[:bs], b
 
-    def reference(self, tokens, page_table, seq_lens, store_slots):
+    def reference(
+        self,
+        tokens: torch.Tensor,
+        page_table: torch.Tensor,
+        seq_lens: torch.Tensor,
+        store_slots: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """The eager single-stream step on the same padded batch: what every step must equal."""
         b = bucket_for(len(tokens), self.buckets)
         st = self._reference_static.get(b)
@@ -174,7 +206,7 @@ class Runner:
             )
         return out, topk
 
-    def aliases(self):
+    def aliases(self) -> list[dict[str, Any]]:
         """Pairs of transients noted during capture that share bytes but are used on different
         streams: the block reuse that lets two graph nodes race."""
         found = []

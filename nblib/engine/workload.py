@@ -15,15 +15,25 @@ session's inputs never depend on whether an earlier step was corrupted.
 
 import math
 from collections import deque
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import torch
 
 from kernels import badrows
 from nblib.core import phases
-from nblib.engine.model import PAGE
-from nblib.engine.runner import SCRATCH_SLOT, bucket_for
+from nblib.engine.model import PAGE, DecodeModel
+from nblib.engine.runner import SCRATCH_SLOT, Runner, bucket_for
+
+if TYPE_CHECKING:
+    from nblib.backends.device import Device
+
+__all__ = [
+    "ALIGN", "CTX_DISTS", "Batch", "Instrument", "NoClock", "PagePool", "Replayed", "Scheduler", "Session",
+    "StepClock", "WorkloadConfig", "bad_rows", "build_batch", "in_bucket", "inputs_to_device", "pack",
+    "replay_step", "run_sessions", "to_device", "unpack", "verdicts",
+]  # fmt: skip
 
 CTX_DISTS = ("uniform", "loguniform")
 
@@ -56,15 +66,31 @@ class WorkloadConfig:
             )
 
     @property
-    def timed(self):
+    def timed(self) -> bool:
         """Tool calls last a duration on the engine's clock, not a number of steps."""
         return self.think_ms_max > 0
 
 
+class Instrument(Protocol):
+    """What run_sessions calls right before and right after each replay, with the step's dict
+    (run_sessions says what it holds); what they return is the instrument's own (run_sessions
+    ignores it)."""
+
+    def before(self, step: dict[str, Any]) -> object: ...
+
+    def after(self, step: dict[str, Any]) -> object: ...
+
+
 class Session:
-    def __init__(self, sid, rng, w):
+    # set by the Scheduler: the tool call's steps left (wait), its end on the engine's clock
+    # (back_at), and each round's tool-call duration in seconds when the workload is timed (think_s)
+    wait: int
+    back_at: float
+    think_s: list[float]
+
+    def __init__(self, sid: int, rng: torch.Generator, w: WorkloadConfig):
         self.sid, self.round, self.c4_len, self.pos = sid, 0, 0, 0
-        self.pages = []
+        self.pages: list[int] = []
         if w.ctx_dist == "loguniform":
             u = float(torch.rand(1, generator=rng))
             self.first_ctx = int(
@@ -76,19 +102,19 @@ class Session:
         self.thinks = torch.randint(w.think_min, w.think_max + 1, (w.rounds,), generator=rng).tolist()
         self.left = 0
 
-    def slot(self, t):
+    def slot(self, t: int) -> int:
         return self.pages[t // PAGE] * PAGE + t % PAGE
 
-    def slots(self, start, stop):
+    def slots(self, start: int, stop: int) -> torch.Tensor:
         t = torch.arange(start, stop)
         return torch.tensor(self.pages, dtype=torch.long)[t // PAGE] * PAGE + t % PAGE
 
 
 class PagePool:
-    def __init__(self, num_pages):
+    def __init__(self, num_pages: int):
         self.free = deque(range(1, num_pages))  # page 0 is scratch
 
-    def take(self, n):
+    def take(self, n: int) -> list[int]:
         if n > len(self.free):
             raise RuntimeError(
                 f"out of cache pages: need {n}, {len(self.free)} free; "
@@ -96,7 +122,7 @@ class PagePool:
             )
         return [self.free.popleft() for _ in range(n)]
 
-    def give(self, pages):
+    def give(self, pages: Iterable[int]) -> None:
         self.free.extend(pages)
 
 
@@ -133,7 +159,10 @@ class Scheduler:
     tool call comes back at the first step boundary at or after its end, and when every unfinished
     session is out on one, the engine idles until the first comes back."""
 
-    def __init__(self, model, max_pages, w: WorkloadConfig, gen):
+    active: list[Session]
+    thinking: list[Session]
+
+    def __init__(self, model: DecodeModel, max_pages: int, w: WorkloadConfig, gen: torch.Generator):
         self.model, self.w, self.gen = model, w, gen
         self.pool = PagePool(model.cfg.num_pages)
         self.tables = torch.zeros(w.sessions, max_pages, dtype=torch.int32)  # host page tables
@@ -146,10 +175,10 @@ class Scheduler:
         self.active, self.thinking = [], []
         self.now = 0.0
 
-    def busy(self):
+    def busy(self) -> bool:
         return bool(self.waiting or self.active or self.thinking)
 
-    def next_batch(self):
+    def next_batch(self) -> list[Session]:
         self._calls_back()
         if self.w.timed and self.thinking and not (self.active or self.waiting):
             self.now = min(s.back_at for s in self.thinking)  # idle until the first call returns
@@ -174,10 +203,10 @@ class Scheduler:
                 self.thinking.remove(s)
                 self.waiting.appendleft(s)
 
-    def live_pages(self):
+    def live_pages(self) -> set[int]:
         return _live_pages(self.waiting, self.active, self.thinking)
 
-    def retire(self, batch, seconds=0.0):
+    def retire(self, batch: Iterable[Session], seconds: float = 0.0) -> None:
         """One token decoded for each session of `batch`, in a step that took `seconds` on the
         engine's clock: a session whose round ended thinks (a tool call) or, after its last round,
         gives its pages back."""
@@ -200,12 +229,12 @@ class Scheduler:
 class Batch(NamedTuple):
     """One step's inputs, built on the host: the references' digest reads these host copies (no sync)."""
 
-    sessions: list  # session ids, one per row
-    lens: list  # compressed entries per row (at least 1): the indexer's work
-    host: tuple  # (tokens, page_table, seq_lens, store_slots), CPU tensors
+    sessions: list[int]  # session ids, one per row
+    lens: list[int]  # compressed entries per row (at least 1): the indexer's work
+    host: tuple[torch.Tensor, ...]  # (tokens, page_table, seq_lens, store_slots), CPU tensors
 
 
-def build_batch(model, pool, tables, batch):
+def build_batch(model: DecodeModel, pool: PagePool, tables: torch.Tensor, batch: Sequence[Session]) -> Batch:
     """Advance each session of `batch` one token and build the step's inputs. Every 4th token the
     4:1 compressor stores one entry (taking a page when the last one is full); other tokens store
     to the scratch slot. Token ids are teacher-forced: a function of the session and position."""
@@ -236,17 +265,17 @@ class StepClock:
     every step does; on the simulator an event reads its stream's clock: the timing model's span of
     the replays in between and, under dev.eager_timing(), of the eager kernels."""
 
-    def __init__(self, dev):
+    def __init__(self, dev: "Device"):
         self.dev, self.seconds = dev, 0.0
 
-    def __enter__(self):
+    def __enter__(self) -> "StepClock":
         self.timing = self.dev.eager_timing()
         self.timing.__enter__()
         self.start = self.dev.Event(enable_timing=True)
         self.start.record()
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         end = self.dev.Event(enable_timing=True)
         end.record()
         self.timing.__exit__(*exc)
@@ -259,10 +288,10 @@ class NoClock:
 
     seconds = 0.0
 
-    def __enter__(self):
+    def __enter__(self) -> "NoClock":
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         pass
 
 
@@ -276,7 +305,16 @@ class Replayed(NamedTuple):
     ref_topk: torch.Tensor
 
 
-def replay_step(runner, w, index, args, host, instruments=(), live_pages=set, clock=None):
+def replay_step(
+    runner: Runner,
+    w: WorkloadConfig,
+    index: int,
+    args: Sequence[torch.Tensor],
+    host: Sequence[torch.Tensor],
+    instruments: Sequence[Instrument] = (),
+    live_pages: Callable[[], set[int]] = set,
+    clock: StepClock | NoClock | None = None,
+) -> Replayed:
     """Replay one step (runner.run) and compute its eager reference. With instruments, each one's
     before(step) and after(step) wrap the replay, and the replay comes first (so an instrument sees
     the replay's own cache writes); without, the reference comes first. live_pages: a callable,
@@ -312,19 +350,19 @@ def replay_step(runner, w, index, args, host, instruments=(), live_pages=set, cl
     return Replayed(out, topk, bucket, ref_out, ref_topk)
 
 
-def bad_rows(r: Replayed, out_tol):
+def bad_rows(r: Replayed, out_tol: float) -> torch.Tensor:
     """Per row, 1 where the replay diverged from its reference: the top-k set differs, or the
     output differs by more than out_tol times the reference's max |x| (at least 1). A device
     tensor: read once, at the end of the run."""
     return badrows.bad_rows(r.out, r.ref_out, r.topk, r.ref_topk, out_tol)  # one launch on CUDA
 
 
-def verdicts(sessions, steps, pending):
+def verdicts(sessions: int, steps: list[dict[str, Any]], pending: Sequence[torch.Tensor]) -> dict[str, Any]:
     """The run's verdicts from each step's row flags (pending: one host or device uint8 tensor
     per step, in order): fills each step's rows and bad_rows; a session is corrupted when any of
     its rows was."""
     flags = torch.cat([p.cpu() for p in pending]).tolist() if pending else []
-    corrupted = set()
+    corrupted: set[int] = set()
     i = 0
     for st in steps:
         rows = flags[i : i + st["bs"]]
@@ -341,7 +379,7 @@ def verdicts(sessions, steps, pending):
     )
 
 
-def run_sessions(runner, w: WorkloadConfig, instruments=()):
+def run_sessions(runner: Runner, w: WorkloadConfig, instruments: Sequence[Instrument] = ()) -> dict[str, Any]:
     """Run the workload through `runner`; returns per-step and per-session verdicts.
 
     instruments: objects with before(step) and after(step), called right before and right after
@@ -356,8 +394,9 @@ def run_sessions(runner, w: WorkloadConfig, instruments=()):
     d = dev.torch_device
     gen = torch.Generator(device=d).manual_seed(w.seed + 1)
     sched = Scheduler(model, runner.max_pages, w, gen)
-    pending, steps = [], []  # GPU verdicts are read once, at the end
-    clock = StepClock(dev) if w.timed else NoClock()
+    pending: list[torch.Tensor] = []  # GPU verdicts are read once, at the end
+    steps: list[dict[str, Any]] = []
+    clock: StepClock | NoClock = StepClock(dev) if w.timed else NoClock()
     while sched.busy():
         batch = sched.next_batch()
         if not batch:
@@ -376,13 +415,14 @@ def run_sessions(runner, w: WorkloadConfig, instruments=()):
         sched.retire(batch, clock.seconds)
     with phases.phase("replays"):  # the queued replays and references drain here
         dev.synchronize()
-    if getattr(runner, "references", None) is not None:
+    references = getattr(runner, "references", None)
+    if references is not None:
         with phases.phase("eager references"):
-            runner.references.flush()  # the run folder's other notebooks read them (References.attach)
+            references.flush()  # the run folder's other notebooks read them (References.attach)
     return verdicts(w.sessions, steps, pending)
 
 
-def to_device(x, d):
+def to_device(x: torch.Tensor, d: torch.device | str) -> torch.Tensor:
     """A step's host input on device d without holding the host. A blocking copy synchronizes the
     stream (the host would wait for every queued replay, once a step), and so may an asynchronous
     one from pageable memory; from pinned memory it is queued, and PyTorch's caching host allocator
@@ -395,7 +435,7 @@ def to_device(x, d):
 ALIGN = 16  # bytes: a kernel given a view of the packed inputs sees the alignment Triton specialises on
 
 
-def inputs_to_device(host, d):
+def inputs_to_device(host: Sequence[torch.Tensor], d: torch.device | str) -> tuple[torch.Tensor, ...]:
     """A step's host inputs on device d in one copy: packed into one pinned buffer (pack), copied
     without waiting (to_device's reason), and returned as views of the device copy with their own
     dtypes and shapes (unpack). One pinned staging and one copy a step instead of one per input: the
@@ -407,7 +447,7 @@ def inputs_to_device(host, d):
     return unpack(staged.to(d, non_blocking=True), host, offsets)
 
 
-def pack(host, pin=False):
+def pack(host: Sequence[torch.Tensor], pin: bool = False) -> tuple[torch.Tensor, list[int]]:
     """(uint8 buffer, byte offsets): each tensor of `host` at an offset that is a multiple of ALIGN."""
     flat = [x.contiguous().reshape(-1).view(torch.uint8) for x in host]
     offsets, end = [], 0
@@ -420,7 +460,9 @@ def pack(host, pin=False):
     return staged, offsets
 
 
-def unpack(buf, host, offsets):
+def unpack(
+    buf: torch.Tensor, host: Sequence[torch.Tensor], offsets: Sequence[int]
+) -> tuple[torch.Tensor, ...]:
     """Views of `buf` (pack's buffer, or a copy of it) shaped and typed as the tensors of `host`."""
     return tuple(
         buf[o : o + x.numel() * x.element_size()].view(x.dtype).view(x.shape) for x, o in zip(host, offsets)
@@ -435,7 +477,7 @@ def _reference(runner, w, index, args, host):
         return runner.references.get(runner, w, index, args, host)
 
 
-def in_bucket(result, bucket):
+def in_bucket(result: dict[str, Any], bucket: int) -> dict[str, int]:
     """The verdicts of the steps replayed in `bucket`'s graph only. A run with at most b sessions
     decoding together also replays smaller buckets when fewer sessions are active (its tail); a
     corrupted tail step says nothing about bucket b's graph, so per-bucket rows count only these.

@@ -31,13 +31,44 @@ sizing the watched ids in before(), that transfer in after(). expected_pages, ba
 _live and classify are the host definitions the device path reproduces (the tests hold it to them).
 """
 
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 import torch
 
 from kernels import checksum as ck
 from nblib.engine import build, references
-from nblib.engine.model import PAGE
+from nblib.engine.model import PAGE, DecodeModel
 from nblib.engine.runner import Runner
+
+if TYPE_CHECKING:
+    from nblib.backends.device import Device
+
+__all__ = [
+    "CHANGED_CAP",
+    "CLASSES",
+    "FREE_SAMPLE",
+    "SCRATCH_PAGE",
+    "Canary",
+    "as_index",
+    "batch_live_pages",
+    "changed_pages",
+    "classify",
+    "describe",
+    "expected_pages",
+    "host_page_checksums",
+    "pack",
+    "page_checksums",
+    "page_classes",
+    "record",
+    "sample_free",
+    "step_pages",
+    "table_live",
+    "unpack",
+    "verdict",
+    "watch",
+]
 
 SCRATCH_PAGE = 0
 CLASSES = ("expected", "scratch", "live_overwrite", "free_write")
@@ -55,7 +86,7 @@ def _words(cache):
     return flat.view(torch.uint8).view(torch.int32) if flat.element_size() != 4 else flat.view(torch.int32)
 
 
-def page_checksums(cache, page_ids=None):
+def page_checksums(cache: torch.Tensor, page_ids: torch.Tensor | None = None) -> torch.Tensor:
     """One int64 per page (all pages, or those in page_ids): sum of its 32-bit words, each times an
     odd, position-dependent weight (so a moved or swapped entry changes it too). Wraps on overflow,
     identically on CPU and CUDA. CUDA: the Triton kernel; CPU: torch, in chunks of 2^20 words."""
@@ -75,7 +106,7 @@ def page_checksums(cache, page_ids=None):
     return out
 
 
-def host_page_checksums(cache, page_ids=None):
+def host_page_checksums(cache: torch.Tensor, page_ids: torch.Tensor | None = None) -> torch.Tensor:
     """page_checksums, for a caller outside any graph capture: the same int64 per page. On the CPU,
     numpy's einsum multiplies and sums each page's words in one pass (int64 products, wrapping as
     torch's do), about 3x faster than the int64 temporary; elsewhere page_checksums itself. Never
@@ -90,17 +121,17 @@ def host_page_checksums(cache, page_ids=None):
     return torch.from_numpy(np.einsum("pw,w->p", words, weight, dtype=np.int64))
 
 
-def expected_pages(store_slots):
+def expected_pages(store_slots: torch.Tensor) -> set[int]:
     """Pages that receive a new entry this step: store_slots // 64, scratch page excluded."""
     pages = (store_slots.to("cpu", torch.int64) // PAGE).tolist()
     return {p for p in pages if p != SCRATCH_PAGE}
 
 
-def batch_live_pages(page_table, seq_lens):
+def batch_live_pages(page_table: torch.Tensor, seq_lens: torch.Tensor) -> set[int]:
     """Live pages of the batch's requests alone: page_table[r, :ceil(seq_len / 64)], scratch excluded.
     (run_sessions passes the wider set: every unfinished session's pages.)"""
     table, lens = page_table.to("cpu"), seq_lens.to("cpu").tolist()
-    live = set()
+    live: set[int] = set()
     for r, n in enumerate(lens):
         live.update(table[r, : -(-int(n) // PAGE)].tolist())
     live.discard(SCRATCH_PAGE)
@@ -113,7 +144,7 @@ def _live(step):
     return live if live is not None else batch_live_pages(step["page_table"], step["seq_lens"])
 
 
-def as_index(pages, device):
+def as_index(pages: torch.Tensor | Collection[int], device: torch.device | str) -> torch.Tensor:
     """Page ids given as a tensor, or as a set or list of ints (run_sessions' live_pages): an int64
     tensor on `device` (numpy reads a set of 14000 ints some 8x faster than torch.tensor)."""
     if isinstance(pages, torch.Tensor):
@@ -121,7 +152,7 @@ def as_index(pages, device):
     return torch.from_numpy(np.fromiter(pages, dtype=np.int64, count=len(pages))).to(device)
 
 
-def step_pages(step, device):
+def step_pages(step: Mapping[str, Any], device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
     """(live, stores): page ids (int32 or int64) on `device`, from tensor ops alone. live: the step's
     live_pages, else the batch's page_table[r, :ceil(seq_len / 64)] (page 0 where a row holds
     fewer); stores: store_slots // 64. Either may hold duplicates and the scratch page."""
@@ -133,7 +164,9 @@ def step_pages(step, device):
     return live, step["store_slots"].to(device, torch.int64) // PAGE
 
 
-def table_live(page_table, seq_lens, use=None):
+def table_live(
+    page_table: torch.Tensor, seq_lens: torch.Tensor, use: torch.Tensor | None = None
+) -> torch.Tensor:
     """page_table[r, :ceil(seq_len / 64)] as one flat tensor of page ids, fixed-shape: page 0 where
     a row holds fewer (and everywhere while `use`, a bool tensor, is False)."""
     first = torch.arange(0, page_table.shape[1] * PAGE, PAGE, device=page_table.device)
@@ -143,7 +176,7 @@ def table_live(page_table, seq_lens, use=None):
     return torch.where(held, page_table, SCRATCH_PAGE).flatten()
 
 
-def page_classes(live, stores, num_pages):
+def page_classes(live: torch.Tensor, stores: torch.Tensor, num_pages: int) -> torch.Tensor:
     """int64 [num_pages]: the class each page would get from classify if it changed, as 1 + its
     index in CLASSES (expected 1, scratch 2, live_overwrite 3, free_write 4), from step_pages'
     ids in four ops. A page's duplicates all write the same value; later writes take precedence,
@@ -156,7 +189,7 @@ def page_classes(live, stores, num_pages):
     return cls
 
 
-def sample_free(keep, k, gen):
+def sample_free(keep: torch.Tensor, k: int, gen: torch.Generator | None) -> torch.Tensor:
     """min(k, pages) distinct page ids: min(k, free) of them drawn uniformly without replacement
     from the pages not in `keep` (bool [pages]), the rest (only when fewer are free) pages of keep.
     The k smallest of one uniform key per page, kept pages' keys pushed past every free one: a
@@ -169,7 +202,12 @@ def sample_free(keep, k, gen):
 CHANGED_CAP = 512  # changed pages brought back in after()'s one transfer; more take a second
 
 
-def pack(changed, enc, counts, cap=CHANGED_CAP):
+def pack(
+    changed: torch.Tensor,
+    enc: torch.Tensor,
+    counts: tuple[torch.Tensor, ...] | list[torch.Tensor],
+    cap: int = CHANGED_CAP,
+) -> torch.Tensor:
     """int64 [len(counts) + cap]: the counts (0-dim tensors), then enc where changed, the first
     `cap` of them in order, -1 past them: what after() brings back in one transfer, fixed-shape."""
     head = len(counts)
@@ -181,7 +219,9 @@ def pack(changed, enc, counts, cap=CHANGED_CAP):
     return out[: cap + head]
 
 
-def unpack(host, head, cap=CHANGED_CAP):
+def unpack(
+    host: np.ndarray, head: int, cap: int = CHANGED_CAP
+) -> tuple[tuple[int, ...], np.ndarray | None, np.ndarray | None]:
     """(counts, pages, codes) from pack's buffer (numpy), enc being page * 8 + class code; pages and
     codes None when more than `cap` changed (the first count), as they were not all packed."""
     counts = tuple(int(x) for x in host[:head])
@@ -191,7 +231,9 @@ def unpack(host, head, cap=CHANGED_CAP):
     return counts, got >> 3, got & 7
 
 
-def changed_pages(changed, ids, classes, cap=CHANGED_CAP):
+def changed_pages(
+    changed: torch.Tensor, ids: torch.Tensor, classes: torch.Tensor, cap: int = CHANGED_CAP
+) -> tuple[int, int, Any, Any]:
     """(changed count, distinct expected pages, pages, codes): the changed pages among `ids`
     (ascending, numpy) and their page_classes codes, brought back with the counts in one
     transfer of cap + 2 int64 (a second when more than `cap` changed)."""
@@ -204,7 +246,15 @@ def changed_pages(changed, ids, classes, cap=CHANGED_CAP):
     return n_changed, n_expected, pages, codes
 
 
-def record(step, n_before, watched, n_changed, n_expected, pages, codes):
+def record(
+    step: Mapping[str, Any],
+    n_before: int,
+    watched: int,
+    n_changed: int,
+    n_expected: int,
+    pages: np.ndarray,
+    codes: np.ndarray,
+) -> dict[str, Any]:
     """One step's record from changed_pages' answer (pages and their codes, numpy); n_before: the
     records already kept (the step's index when it has none). The eager and graphed canaries share it."""
     by = {c: pages[codes == i + 1].tolist() for i, c in enumerate(CLASSES)}
@@ -223,7 +273,7 @@ def record(step, n_before, watched, n_changed, n_expected, pages, codes):
     )
 
 
-def classify(changed, expected, live):
+def classify(changed: Iterable[int], expected: Collection[int], live: Collection[int]) -> dict[int, str]:
     """{page: class} for each changed page (see the module docstring)."""
     out = {}
     for p in changed:
@@ -245,7 +295,13 @@ class Canary:
     The sample of free pages is drawn with a generator on the cache's device, seeded by `seed`: a
     fresh sample each replay, the same sequence of samples for the same seed and steps."""
 
-    def __init__(self, model, tensor=None, free_sample=FREE_SAMPLE, seed=0):
+    def __init__(
+        self,
+        model: DecodeModel,
+        tensor: torch.Tensor | None = None,
+        free_sample: int | None = FREE_SAMPLE,
+        seed: int = 0,
+    ):
         cache = model.index_cache
         if tensor is not None and not (
             tensor is cache
@@ -263,18 +319,20 @@ class Canary:
         self.model, self.cache = model, cache
         self.free_sample = free_sample
         self._rng = torch.Generator(device=cache.device).manual_seed(seed)
-        self.records = []
+        self.records: list[dict[str, Any]] = []
         self._scratch = torch.tensor([SCRATCH_PAGE], device=cache.device)
-        self._before = self._ids = self._step_pages = None
+        self._before: torch.Tensor | None = None
+        self._ids: torch.Tensor | None = None
+        self._step_pages: tuple[Any, torch.Tensor, torch.Tensor] | None = None
 
-    def _pages(self, step):
+    def _pages(self, step: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
         """step_pages(step), once per replay: before() keeps them for after(), so after() makes no
         host-to-device copy (a blocking one would wait for the replay)."""
         if self._step_pages is None or self._step_pages[0] is not step:
             self._step_pages = (step, *step_pages(step, self.cache.device))
         return self._step_pages[1:]
 
-    def watched(self, step):
+    def watched(self, step: Mapping[str, Any] | None) -> torch.Tensor | None:
         """The page ids to checksum around this step, ascending, on the cache's device: None (every
         page), or the live, expected and scratch pages plus a fresh sample of free ones."""
         if self.free_sample is None or step is None:
@@ -285,17 +343,14 @@ class Canary:
         keep[sample_free(keep, self.free_sample, self._rng)] = True
         return torch.nonzero(keep).flatten()  # a sync: the count sizes the checksum kernel
 
-    def checksums(self, page_ids=None):
-        return host_page_checksums(self.cache, page_ids).cpu()
-
-    def before(self, step=None):
+    def before(self, step: Mapping[str, Any] | None = None) -> None:
         self._step_pages = None  # fresh each replay, even when the same step dict comes back
         if step is not None:
             self._pages(step)  # any host-to-device copy happens here, before the replay
         self._ids = self.watched(step)
         self._before = host_page_checksums(self.cache, self._ids)  # stays on the device
 
-    def after(self, step):
+    def after(self, step: Mapping[str, Any]) -> dict[str, Any]:
         """Checksums again; classify the pages that changed since before()."""
         if self._before is None:
             raise RuntimeError("canary.after() without canary.before(): no checksums to compare with")
@@ -310,7 +365,7 @@ class Canary:
         self.records.append(rec)
         return rec
 
-    def summary(self):
+    def summary(self) -> dict[str, int]:
         """The campaign's terms, over every step watched."""
         r = self.records
         return dict(
@@ -327,7 +382,7 @@ class Canary:
         )
 
 
-def describe(s):
+def describe(s: Mapping[str, Any]) -> str:
     """One sentence in the campaign's words."""
     return (
         f"{s['pages_changed']} pages changed over {s['steps']} replays when {s['pages_expected']} were "
@@ -338,15 +393,15 @@ def describe(s):
 
 
 def watch(
-    dev,
-    model,
-    buckets,
-    workload,
-    overlaps=("on", "off"),
-    index_dtype="bf16",
-    logits_policy="transient",
-    progress=print,
-):
+    dev: "Device",
+    model: Mapping[str, Any],
+    buckets: Sequence[int],
+    workload: Mapping[str, Any],
+    overlaps: Sequence[str] = ("on", "off"),
+    index_dtype: str = "bf16",
+    logits_policy: str = "transient",
+    progress: Callable[[str], object] | None = print,
+) -> list[dict[str, Any]]:
     """The canary over the agentic workload, graph mode, per overlap setting and per bucket (at most
     `bucket` sessions decoding together, as in notebook 00). `model`, `workload`: dicts of config
     values. Returns one row per (overlap, bucket): the sessions' verdicts and the canary's summary.
@@ -380,7 +435,7 @@ def watch(
     return rows
 
 
-def verdict(rows):
+def verdict(rows: Sequence[Mapping[str, Any]]) -> str:
     """One sentence from the rows: does the canary find live-page overwrites while sessions are
     corrupted, and does it stay quiet where they are not?"""
     bad = [r for r in rows if r["corrupted_sessions"]]

@@ -28,18 +28,32 @@ torch.cuda.manual_seed.
 Off CUDA the same functions run eagerly (what the CPU tests hold to the eager canary's answers).
 """
 
-from typing import NamedTuple
+from collections.abc import Callable, Collection, Mapping
+from typing import TYPE_CHECKING, Any, NamedTuple
 
+import numpy as np
 import torch
 
 from nblib.engine.model import PAGE
-from nblib.engine.runner import bucket_for
+from nblib.engine.runner import Runner, bucket_for
 from nblib.instruments import canary as C
+
+if TYPE_CHECKING:
+    from nblib.backends.device import Device
+
+__all__ = ["FREE", "GraphedCanary", "batch_classes", "pack_changed", "unpack", "watched_mask"]
 
 FREE = 4  # page_classes' code for a page in no live range and not expected: the unwatched unless sampled
 
 
-def batch_classes(page_table, seq_lens, store_slots, num_pages, use_table=None, live_mask=None):
+def batch_classes(
+    page_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    store_slots: torch.Tensor,
+    num_pages: int,
+    use_table: torch.Tensor | None = None,
+    live_mask: torch.Tensor | None = None,
+) -> torch.Tensor:
     """int64 [num_pages]: canary.page_classes from a StaticBatch's tensors, in fixed shapes. Live
     pages: page_table[r, :ceil(seq_len / 64)] while use_table (bool [1], or None: always) holds,
     plus those in live_mask (bool [num_pages], run_sessions' live_pages) still free: the eager
@@ -51,7 +65,7 @@ def batch_classes(page_table, seq_lens, store_slots, num_pages, use_table=None, 
     return cls
 
 
-def watched_mask(classes, k, gen=None):
+def watched_mask(classes: torch.Tensor, k: int | None, gen: torch.Generator | None = None) -> torch.Tensor:
     """bool [pages]: the pages the eager canary's watched() returns, as a mask: every page not FREE
     plus min(k, free) free pages drawn by canary.sample_free (k None: every page)."""
     if k is None:
@@ -62,7 +76,9 @@ def watched_mask(classes, k, gen=None):
     return keep
 
 
-def pack_changed(changed, classes, watched, cap=C.CHANGED_CAP):
+def pack_changed(
+    changed: torch.Tensor, classes: torch.Tensor, watched: torch.Tensor, cap: int = C.CHANGED_CAP
+) -> torch.Tensor:
     """canary.pack of every page: counts changed, expected (distinct pages of class 1) and watched,
     then the first `cap` changed pages ascending as page * 8 + class code."""
     ids = torch.arange(changed.shape[0], device=changed.device)
@@ -70,7 +86,7 @@ def pack_changed(changed, classes, watched, cap=C.CHANGED_CAP):
     return C.pack(changed, ids * 8 + classes, counts, cap)
 
 
-def unpack(host, cap=C.CHANGED_CAP):
+def unpack(host: np.ndarray, cap: int = C.CHANGED_CAP) -> tuple[Any, ...]:
     """(changed, expected, watched, pages, codes) from pack_changed's buffer (numpy); pages and
     codes None when more than `cap` changed (they were not all packed)."""
     counts, pages, codes = C.unpack(host, 3, cap)
@@ -80,11 +96,11 @@ def unpack(host, cap=C.CHANGED_CAP):
 class _InFlight(NamedTuple):
     """A replay whose answer is still being copied to the host (GraphedCanary.after)."""
 
-    step: dict
+    step: Mapping[str, Any]
     changed: torch.Tensor  # the after graph's outputs, read if more than cap pages changed
     classes: torch.Tensor
     packed: torch.Tensor  # the packed answer on the host (CUDA: once `copied` has passed)
-    copied: object  # CUDA: an event behind the copy; None where the answer is already on the host
+    copied: Any  # CUDA: an event behind the copy; None where the answer is already on the host
 
 
 class _Graphed:
@@ -92,7 +108,7 @@ class _Graphed:
     stream, which compiles the Triton kernel), on its own private pool so the canary never shares
     the model's blocks; calling replays it and returns the captured outputs. dev None: fn() itself."""
 
-    def __init__(self, fn, dev=None):
+    def __init__(self, fn: Callable[[], Any], dev: "Device | None" = None):
         self.fn, self.graph = fn, None
         if dev is not None:
             side = dev.Stream()
@@ -106,7 +122,7 @@ class _Graphed:
                 self.out = fn()
             dev.synchronize()
 
-    def __call__(self):
+    def __call__(self) -> Any:
         if self.graph is None:
             return self.fn()
         self.graph.replay()
@@ -120,7 +136,14 @@ class GraphedCanary(C.Canary):
     only; True captures through the simulator's facade too (its capture refuses host syncs, as
     CUDA's does), the free sample then from the default generator as on CUDA."""
 
-    def __init__(self, runner, free_sample=C.FREE_SAMPLE, seed=0, cap=C.CHANGED_CAP, capture=None):
+    def __init__(
+        self,
+        runner: Runner,
+        free_sample: int | None = C.FREE_SAMPLE,
+        seed: int = 0,
+        cap: int = C.CHANGED_CAP,
+        capture: bool | None = None,
+    ):
         super().__init__(runner.model, free_sample=free_sample, seed=seed)
         self.runner, self.cap = runner, cap
         self.cuda = self.cache.device.type == "cuda"
@@ -131,22 +154,22 @@ class GraphedCanary(C.Canary):
         self._use_table = torch.ones(1, dtype=torch.bool, device=d)  # the after graph's inputs
         self._live = torch.zeros(pages, dtype=torch.bool, device=d)
         self._host_live = torch.zeros(pages, dtype=torch.bool, pin_memory=self.cuda)
-        self._live_sent = None  # CUDA: an event behind _host_live's last copy to the device
+        self._live_sent: Any = None  # CUDA: an event behind _host_live's last copy to the device
         self._given = False  # whether _live holds a step's live_pages now
-        self._graphs = {}
-        self._bucket = None
-        self._pending = None  # the last replay's answer, in flight (_InFlight)
+        self._graphs: dict[int, tuple[_Graphed, _Graphed]] = {}
+        self._bucket: int | None = None
+        self._pending: _InFlight | None = None  # the last replay's answer, in flight
         if self.cuda:  # the copy's pinned target, reused: flush() has read it before the next copy
             self._host_packed = torch.zeros(cap + 3, dtype=torch.int64, pin_memory=True)
 
     @property
-    def records(self):
+    def records(self) -> list[dict[str, Any]]:
         """One dict per replay, as the eager canary's; reading it builds the last replay's."""
         self.flush()
         return self._records
 
     @records.setter
-    def records(self, value):
+    def records(self, value: list[dict[str, Any]]) -> None:
         self._records = value
 
     def _capture(self, bucket):
@@ -167,7 +190,7 @@ class GraphedCanary(C.Canary):
         dev = self.runner.dev if self.graphed else None
         return _Graphed(before, dev), _Graphed(after, dev)
 
-    def capture(self, *buckets):
+    def capture(self, *buckets: int) -> "GraphedCanary":
         """Capture these buckets' graphs now (default: all the runner's); else each is captured on
         its bucket's first before(), whose replay then pays for it."""
         for b in buckets or self.runner.buckets:
@@ -175,7 +198,7 @@ class GraphedCanary(C.Canary):
                 self._graphs[b] = self._capture(b)
         return self
 
-    def _set_live(self, live_pages):
+    def _set_live(self, live_pages: torch.Tensor | Collection[int] | None) -> None:
         """run_sessions' live_pages into the after graph's live mask (pinned, non-blocking: no sync);
         the previous step's copy has finished, as after() waited for the transfer behind it."""
         if live_pages is None:
@@ -196,7 +219,7 @@ class GraphedCanary(C.Canary):
             self._use_table.fill_(False)
             self._given = True
 
-    def before(self, step=None):
+    def before(self, step: Mapping[str, Any] | None = None) -> None:
         if step is None:
             raise ValueError("the graphed canary needs the step (its bucket and live_pages)")
         b = bucket_for(len(step["tokens"]), self.runner.buckets)
@@ -205,7 +228,7 @@ class GraphedCanary(C.Canary):
         self._set_live(step.get("live_pages"))  # host work while the before graph runs
         self._bucket = b
 
-    def after(self, step):
+    def after(self, step: Mapping[str, Any]) -> None:  # type: ignore[override]  # the record comes later
         """Replays the bucket's after graph and starts the answer's copy to the host; the record
         comes later (the module docstring). Returns None: read `records`."""
         if self._bucket is None:
@@ -220,7 +243,7 @@ class GraphedCanary(C.Canary):
             done.record()
         self._pending = _InFlight(step, changed, classes, packed, done)
 
-    def flush(self):
+    def flush(self) -> None:
         """Build the record of the replay whose answer is in flight, if any (waits for its copy)."""
         if self._pending is None:
             return

@@ -20,14 +20,25 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from nblib.backends import device
 from nblib.core.paths import ROOT
 from nblib.engine.model import weights_kept_in
 
+__all__ = ["compare", "describe", "kernels", "row", "sanitize"]
 
-def sanitize(model, buckets, index_dtype="bf16", overlap="on", logits_policy="transient", timeout=600):
+
+def sanitize(
+    model: Mapping[str, Any],
+    buckets: Iterable[int],
+    index_dtype: str = "bf16",
+    overlap: str = "on",
+    logits_policy: str = "transient",
+    timeout: float = 600,
+) -> dict[str, Any]:
     """Capture every bucket of one configuration with CSAN enabled, in a child process that must
     answer within `timeout` seconds."""
     device.get("cuda")  # no GPU: one line now, not a child's traceback
@@ -67,8 +78,12 @@ def sanitize(model, buckets, index_dtype="bf16", overlap="on", logits_policy="tr
 
 
 def compare(
-    model, buckets, policies=("transient", "record_stream", "persistent"), index_dtype="bf16", timeout=600
-):
+    model: Mapping[str, Any],
+    buckets: Collection[int],
+    policies: Sequence[str] = ("transient", "record_stream", "persistent"),
+    index_dtype: str = "bf16",
+    timeout: float = 600,
+) -> list[dict[str, Any]]:
     """CSAN on the buggy configuration and on the two fixes (overlap on), one child process each,
     each within `timeout` seconds. The children run side by side: CSAN's verdict is about which
     accesses are synchronised, not about timing, and each child spends most of its time starting."""
@@ -157,7 +172,7 @@ if __name__ == "__main__":
     _child(json.loads(sys.argv[1]))
 
 
-def kernels(err):
+def kernels(err: Mapping[str, Any]) -> tuple[str, ...]:
     """The two kernels a CSAN error names, e.g. ('csi::indexer_logits_bf16', 'aten::empty.memory_format')."""
     lines = err["text"].splitlines()
     return tuple(
@@ -165,7 +180,7 @@ def kernels(err):
     )
 
 
-def row(r):
+def row(r: Mapping[str, Any]) -> dict[str, Any]:
     """A table row for one CSAN run."""
     e = (r.get("errors") or [None])[0]
     return dict(
@@ -178,7 +193,7 @@ def row(r):
     )
 
 
-def describe(runs, audit_ok=None):
+def describe(runs: Sequence[Mapping[str, Any]], audit_ok: Mapping[str, bool] | None = None) -> str:
     """One sentence over the CSAN runs (csan.compare), beside the audit's verdicts {policy: ok}."""
     parts = []
     for r in runs:

@@ -24,11 +24,17 @@ stream lengthen the side branch; each can move the bug it watches. Notebook 02 m
 rate against no instrument (nblib.studies.designs) before a clean differential is trusted.
 """
 
+from collections.abc import Callable, Mapping
+from typing import Any
+
 import torch
 
 from kernels import differential as kdiff
 from kernels import indexer as kx
-from nblib.backends.sim.fastops import live_ends
+from nblib.core.live import live_ends
+from nblib.engine.model import DecodeModel
+
+__all__ = ["DESIGNS", "INPUTS", "GEDiff", "check_design", "metrics"]
 
 INPUTS = ("q", "head_w", "page_table", "seq_lens")
 
@@ -46,7 +52,7 @@ DESIGNS = {
 }
 
 
-def check_design(design):
+def check_design(design: str) -> str:
     if design not in DESIGNS:
         raise ValueError(f"unknown differential design {design!r}: choose one of {', '.join(DESIGNS)}")
     return design
@@ -56,23 +62,25 @@ class GEDiff:
     """An instrument for run_sessions (before, after) and the model's capture hooks (prepare before
     capture, before_fork on the main stream, __call__ on the logits' stream)."""
 
-    def __init__(self, model, log=None, design="campaign"):
+    def __init__(
+        self, model: DecodeModel, log: Callable[[str], object] | None = None, design: str = "campaign"
+    ):
         if model.gediff is not None:
             raise ValueError("this model already has a differential attached")
         self.design = check_design(design)
         self.model = model
-        self.stash = {}  # bucket -> {q, head_w, page_table, seq_lens, logits}
-        self.records = []
-        self.lines = []  # one log line per comparison
+        self.stash: dict[int, dict[str, torch.Tensor]] = {}  # bucket -> {q, head_w, ..., logits}
+        self.records: list[dict[str, Any]] = []
+        self.lines: list[str] = []  # one log line per comparison
         self.log = log
-        model.gediff = self
+        model.gediff = self  # type: ignore[assignment]  # DecodeModel declares `gediff = None` untyped
 
-    def detach(self):
+    def detach(self) -> None:
         if self.model.gediff is self:
             self.model.gediff = None
 
     # -- before capture: the prealloc design's stash --------------------------------------------
-    def prepare(self, bucket):
+    def prepare(self, bucket: int) -> None:
         """prealloc: the bucket's stash, allocated now, outside any graph pool (outside capture)."""
         if self.design != "prealloc" or bucket in self.stash:
             return
@@ -101,13 +109,22 @@ class GEDiff:
             self.model.note(f"gediff.{name}", t)
         return out
 
-    def before_fork(self, q, head_w, page_table, seq_lens):
+    def before_fork(
+        self, q: torch.Tensor, head_w: torch.Tensor, page_table: torch.Tensor, seq_lens: torch.Tensor
+    ) -> None:
         """On the main stream, before the indexer forks: main_stash clones its inputs here."""
         if self.design == "main_stash":
             inputs = dict(q=q, head_w=head_w, page_table=page_table, seq_lens=seq_lens)
             self.stash[self._bucket()] = self._clone(inputs)
 
-    def __call__(self, q, head_w, page_table, seq_lens, logits):
+    def __call__(
+        self,
+        q: torch.Tensor,
+        head_w: torch.Tensor,
+        page_table: torch.Tensor,
+        seq_lens: torch.Tensor,
+        logits: torch.Tensor,
+    ) -> None:
         """On the logits' stream, right after the logits kernel."""
         b = self._bucket()
         now = dict(q=q, head_w=head_w, page_table=page_table, seq_lens=seq_lens, logits=logits)
@@ -127,7 +144,7 @@ class GEDiff:
                     )
                 kept[name].copy_(t)
 
-    def lookup(self, bucket):
+    def lookup(self, bucket: int) -> dict[str, torch.Tensor]:
         if bucket not in self.stash:
             raise KeyError(
                 f"no differential stash for bucket {bucket!r}: captured buckets are "
@@ -136,15 +153,15 @@ class GEDiff:
         return self.stash[bucket]
 
     # -- after a replay --------------------------------------------------------------------------
-    def recompute(self, bucket):
+    def recompute(self, bucket: int) -> torch.Tensor:
         """The same logits kernel, eagerly, on the stashed inputs (outside any graph pool). It
         fills the GPU, which is idle after the replay, where the model's launch keeps to its
         indexer_programs per request to leave SMs to the main branch: the same config and tile
         code, so each token's logit comes out bit for bit the same (tests/test_indexer.py)."""
         s = self.lookup(bucket)
-        return self.model.index_logits(*(s[k] for k in INPUTS), programs=0)
+        return self.model.index_logits(*(s[k] for k in INPUTS), programs=0)  # type: ignore[misc]  # INPUTS: 4 positionals
 
-    def compare(self, bucket, rows=None, step=None):
+    def compare(self, bucket: int, rows: int | None = None, step: int | None = None) -> dict[str, Any]:
         """Graph logits (stashed) against the eager recompute, over the first `rows` rows."""
         s = self.lookup(bucket)
         eager = self.recompute(bucket)
@@ -162,13 +179,13 @@ class GEDiff:
             self.log(line)
         return rec
 
-    def before(self, step):
+    def before(self, step: Mapping[str, Any]) -> None:
         pass
 
-    def after(self, step):
+    def after(self, step: Mapping[str, Any]) -> dict[str, Any]:
         return self.compare(step["bucket"], step["bs"], step.get("index"))
 
-    def table(self):
+    def table(self) -> list[dict[str, Any]]:
         """One row per bucket: comparisons, how many diverged, worst max_abs, rows that disagree."""
         out = []
         for b in sorted({r["bucket"] for r in self.records}):
@@ -186,7 +203,7 @@ class GEDiff:
             )
         return out
 
-    def summary(self):
+    def summary(self) -> dict[str, Any]:
         rs = self.records
         return dict(
             comparisons=len(rs),
@@ -211,7 +228,7 @@ def _row_figures(g, e, k):
     return row_max, argmax, (kg != ke).any(1)
 
 
-def metrics(graph, eager, k):
+def metrics(graph: torch.Tensor, eager: torch.Tensor, k: int) -> dict[str, Any]:
     """max_abs (NaN as inf, -inf == -inf), argmax and top-k set disagreement, counted in rows.
     CUDA: the fused Triton kernel (kernels.differential), one pass over rows that agree; else torch."""
     if graph.is_cuda:

@@ -10,6 +10,8 @@ span and, under dev.eager_timing(), the instrument's eager kernels (modelled ker
 
 import gc
 import statistics
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from nblib.core import phases
 from nblib.engine import build
@@ -19,15 +21,20 @@ from nblib.instruments.canary import Canary
 from nblib.instruments.canary_graph import GraphedCanary
 from nblib.instruments.gediff import GEDiff
 
+if TYPE_CHECKING:
+    from nblib.backends.device import Device
+
+__all__ = ["CUDA_EVENTS", "INSTRUMENTS", "SIM_EVENTS", "replay_times", "timed", "timer", "warmups"]
+
 CUDA_EVENTS = "cuda events"  # timer's method on CUDA
 SIM_EVENTS = "simulated events"  # timer's method on the simulator: its timing model's time
 
 
-def timer(dev):
+def timer(dev: "Device") -> tuple[str, Callable[[Callable[[], object]], float]]:
     """(method, measure(fn) -> ms): events around fn, its eager kernels timed too (on the simulator
     they take no modelled time otherwise; on CUDA the GPU times them itself)."""
 
-    def measure(fn):
+    def measure(fn: Callable[[], object]) -> float:
         a, b = dev.Event(enable_timing=True), dev.Event(enable_timing=True)
         with dev.eager_timing():
             a.record()
@@ -39,7 +46,7 @@ def timer(dev):
     return (CUDA_EVENTS if dev.name == "cuda" else SIM_EVENTS), measure
 
 
-def warmups(dev, warmup, cuda):
+def warmups(dev: object, warmup: int | None, cuda: int) -> int:
     """Untimed calls before the timed ones: `warmup` if given, else `cuda` on CUDA, where clocks
     and caches settle over the first replays, and one on the simulator, whose first call only puts
     its allocations out of the way (a warm-up there costs the host as much as a timed call)."""
@@ -48,7 +55,9 @@ def warmups(dev, warmup, cuda):
     return cuda if getattr(dev, "name", "") == "cuda" else 1
 
 
-def timed(measure, fn, replays, warmup):
+def timed(
+    measure: Callable[[Callable[[], object]], float], fn: Callable[[], object], replays: int, warmup: int
+) -> list[float]:
     """`replays` measurements of fn (ms), after `warmup` untimed-in-the-result ones."""
     return [measure(fn) for _ in range(warmup + replays)][warmup:]
 
@@ -71,18 +80,18 @@ INSTRUMENTS = ("neither", "canary", "canary_graphed", "gediff")  # notebook 02's
 
 
 def replay_times(
-    dev,
-    model,
-    bucket,
-    replays=50,
-    warmup=None,
-    index_dtype="bf16",
-    overlap="on",
-    logits_policy="transient",
-    seed=0,
-    instruments=INSTRUMENTS,
-    ctx=None,
-):
+    dev: "Device",
+    model: Mapping[str, Any],
+    bucket: int,
+    replays: int = 50,
+    warmup: int | None = None,
+    index_dtype: str = "bf16",
+    overlap: str = "on",
+    logits_policy: str = "transient",
+    seed: int = 0,
+    instruments: tuple[str, ...] = INSTRUMENTS,
+    ctx: int | None = None,
+) -> list[dict[str, Any]]:
     """Median replay time (ms) for each of `instruments`, neither first: neither, canary,
     canary_graphed (the canary in CUDA graphs of its own, nblib.instruments.canary_graph, captured
     before timing) and gediff. ratio: median over neither's median

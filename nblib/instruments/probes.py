@@ -35,12 +35,17 @@ moved its bug. Run the differential with and without probes and compare the coun
 import contextlib
 import contextvars
 import time
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 import torch
 from pydantic import BaseModel
 
 from nblib.instruments import audit as A
 from nblib.instruments.audit.confirm import StepState, differences, persistent_writes
+
+if TYPE_CHECKING:
+    from nblib.backends.device import Device
 
 __all__ = ["DESIGNS", "Differential", "DifferentialReport", "ProbeCheck", "probe", "probing"]
 
@@ -58,7 +63,7 @@ def probe(name: str, t: torch.Tensor) -> torch.Tensor:
 
 
 @contextlib.contextmanager
-def probing(session):
+def probing(session: "_Session") -> Iterator["_Session"]:
     """probe() reports to `session` inside the block."""
     token = _ACTIVE.set(session)
     try:
@@ -116,7 +121,7 @@ class DifferentialReport(BaseModel):
     hazards: int  # the audit's hazards in the capture
     seconds: float
 
-    def text(self):
+    def text(self) -> str:
         lines = [
             f"graph-vs-eager differential ({self.design}), {self.replays} replays, {self.hazards} hazard(s)"
         ]
@@ -136,7 +141,7 @@ class DifferentialReport(BaseModel):
 class Differential:
     """Capture a step with its probes stashed by `design`, then compare each replay with eager."""
 
-    def __init__(self, dev, design="main_stash"):
+    def __init__(self, dev: "Device", design: str = "main_stash"):
         if design not in DESIGNS:
             raise ValueError(f"unknown probe design {design!r}: choose one of {', '.join(DESIGNS)}")
         self.dev, self.design = dev, design
@@ -152,7 +157,7 @@ class Differential:
             k: torch.empty(shape, dtype=dtype, device=d) for k, (shape, dtype) in _shapes(seen.values).items()
         }
 
-    def run(self, step, replays=20) -> DifferentialReport:
+    def run(self, step: Callable[[], Any], replays: int = 20) -> DifferentialReport:
         if replays < 1:
             raise ValueError(f"replays must be at least 1, got {replays}")
         t0, dev = time.perf_counter(), self.dev

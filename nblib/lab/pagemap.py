@@ -11,18 +11,33 @@ a second instrument beside the canary that keeps every replay's page classes, co
 canary's own functions (page_checksums, expected_pages, classify).
 """
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import matplotlib.pyplot as plt
 import numpy as np
 import torch
 from matplotlib.colors import ListedColormap
+from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
+from nblib.backends.device import Device
 from nblib.engine.model import DecodeModel, ModelConfig
 from nblib.engine.runner import Runner
 from nblib.engine.workload import WorkloadConfig, in_bucket, run_sessions
 from nblib.instruments import canary
+
+__all__ = [
+    "COLORS",
+    "STATES",
+    "PageRecorder",
+    "PageRun",
+    "PageStep",
+    "estimated_steps",
+    "figure",
+    "watch",
+]
 
 STATES = ("free", "live", "expected", "scratch", "changed")  # "changed": changed and not expected
 COLORS = ("#f2f2f2", "#9ecae1", "#31a354", "#bdbdbd", "#de2d26")
@@ -36,7 +51,7 @@ class PageStep:
     states: np.ndarray  # uint8 per page, an index into STATES
     corrupted_rows: int = 0  # rows of this step that differed from the eager reference
 
-    def counts(self):
+    def counts(self) -> dict[str, int]:
         return {s: int((self.states == i).sum()) for i, s in enumerate(STATES)}
 
 
@@ -51,14 +66,14 @@ class PageRun:
 class PageRecorder:
     """An instrument for run_sessions: every replay's page states, by the canary's classes."""
 
-    def __init__(self, model, tick=None):
+    def __init__(self, model: DecodeModel, tick: Callable[[], object] | None = None):
         self.cache, self.num_pages, self.tick = model.index_cache, model.cfg.num_pages, tick
-        self.steps = []
+        self.steps: list[PageStep] = []
 
-    def before(self, step):
+    def before(self, step: dict[str, Any]) -> None:
         self._before = canary.page_checksums(self.cache).cpu()
 
-    def after(self, step):
+    def after(self, step: dict[str, Any]) -> None:
         now = canary.page_checksums(self.cache).cpu()
         changed = torch.nonzero(now != self._before).flatten().tolist()
         expected = canary.expected_pages(step["store_slots"])
@@ -75,16 +90,16 @@ class PageRecorder:
 
 
 def watch(
-    dev,
-    model,
-    buckets,
-    workload,
-    overlap="on",
-    bucket=None,
-    index_dtype="bf16",
-    logits_policy="transient",
-    tick=None,
-):
+    dev: Device,
+    model: dict[str, Any],
+    buckets: Sequence[int],
+    workload: dict[str, Any],
+    overlap: str = "on",
+    bucket: int | None = None,
+    index_dtype: str = "bf16",
+    logits_policy: str = "transient",
+    tick: Callable[[], object] | None = None,
+) -> PageRun:
     """The canary's run for one overlap setting and one bucket (at most `bucket` sessions decoding
     together, every bucket captured as in notebook 01), with each replay's page map kept."""
     bucket = bucket or max(buckets)
@@ -106,13 +121,13 @@ def watch(
     return PageRun(overlap, bucket, summary, pages.steps)
 
 
-def estimated_steps(workload, bucket):
+def estimated_steps(workload: dict[str, Any], bucket: int) -> int:
     """About how many replays a run takes (for a progress bar): decode tokens over the batch."""
     w = WorkloadConfig(**workload)
     return max(1, round(w.sessions * w.rounds * (w.out_min + w.out_max) / 2 / bucket))
 
 
-def figure(step, title=None):
+def figure(step: PageStep, title: str | None = None) -> Figure:
     """One replay's pages as a grid of cells, coloured by state (row-major, page 0 top left)."""
     n = len(step.states)
     cols = int(np.ceil(np.sqrt(n * 2)))  # twice as wide as tall

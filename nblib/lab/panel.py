@@ -8,16 +8,23 @@ its comm handler, which logs an exception where a JupyterLab user does not look,
 runs these callbacks. The exception is also kept in state["error"].
 """
 
+from __future__ import annotations
+
 import html
 import io
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import ipywidgets as W
 import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
+
+__all__ = ["Panel", "Ticker", "png"]
 
 
-def png(fig):
+def png(fig: Figure) -> bytes:
     """A matplotlib figure as PNG bytes; the figure is closed (widgets redraw often)."""
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=100)
@@ -64,14 +71,14 @@ class Panel:
     def _repr_mimebundle_(self, **kwargs):  # a panel as a cell's last value shows the widgets
         return self.box._repr_mimebundle_(**kwargs)
 
-    def value(self, name):
+    def value(self, name: str) -> Any:
         return self.controls[name].value
 
-    def say(self, text, error=False):
+    def say(self, text: str, error: bool = False) -> None:
         color = "#a00" if error else "#333"
         self.status.value = f"<span style='color:{color}'>{html.escape(text)}</span>"
 
-    def show(self, fig=None, tables=()):
+    def show(self, fig: Figure | None = None, tables: Iterable[tuple[str, str]] = ()) -> None:
         """Replace the figure (a matplotlib Figure) and the tables ((title, html) pairs)."""
         if fig is not None:
             self.figure.value = png(fig)
@@ -90,7 +97,7 @@ class Panel:
         what = " ".join(str(e).split()) or type(e).__name__
         self.say(f"error at {where}: {type(e).__name__}: {what}", error=True)
 
-    def on_click(self, fn):
+    def on_click(self, fn: Callable[[Panel, Ticker], str]) -> Callable[..., None]:
         """Run fn(panel, tick) on click, with the button disabled while it runs; fn returns a
         one-line summary. tick(total) starts the bar; then tick() per unit of work, tick(text=...)
         to show a line of progress."""
@@ -110,10 +117,12 @@ class Panel:
             finally:
                 self.button.disabled = False
 
-        self.button.on_click(handler)
+        self.button.on_click(handler)  # type: ignore[union-attr]  # on_click is for a panel with a button
         return handler
 
-    def watch(self, widget, fn, name=None):
+    def watch(
+        self, widget: W.ValueWidget, fn: Callable[[], object], name: str | None = None
+    ) -> Callable[..., None]:
         """Call fn() whenever widget's value changes; an exception shows as one line naming the
         control (its description, else name) and the value it was moved to."""
 
@@ -127,22 +136,22 @@ class Panel:
         widget.observe(handler, "value")
         return handler
 
-    def click(self):
-        self.button.click()
+    def click(self) -> None:
+        self.button.click()  # type: ignore[union-attr]  # a panel with a button
 
 
 class Ticker:
     """The progress callback the study functions take (`progress=`): each call is one unit done."""
 
-    def __init__(self, panel, t0):
+    def __init__(self, panel: Panel, t0: float):
         self.panel, self.t0 = panel, t0
 
-    def start(self, total, text="running"):
+    def start(self, total: int, text: str = "running") -> None:
         bar = self.panel.progress
         bar.max, bar.value, bar.bar_style = max(1, total), 0, "info"
         self.panel.say(text)
 
-    def __call__(self, text=None):
+    def __call__(self, text: str | None = None) -> None:
         bar = self.panel.progress
         bar.value = min(bar.max, bar.value + 1)
         spent = time.perf_counter() - self.t0

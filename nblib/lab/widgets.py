@@ -14,19 +14,33 @@ shows the same numbers each time it is run and a library call with the same argu
 """
 
 import html
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import ipywidgets as W
 import matplotlib.pyplot as plt
 
+from nblib.backends.device import Device
 from nblib.core import stats
 from nblib.engine.model import INDEX_DTYPES, LOGITS_POLICIES, OVERLAPS
 from nblib.engine.runner import MODES
 from nblib.instruments import probes
+from nblib.instruments.audit.records import TargetReport
 from nblib.lab import pagemap
 from nblib.lab.panel import Panel
 from nblib.publish import plots
 from nblib.publish.show import html_table
 from nblib.studies import designs, fix, method, overlap, protocol, reproduce
+
+__all__ = [
+    "fix_explorer",
+    "gediff_explorer",
+    "matrix_explorer",
+    "method_explorer",
+    "page_map",
+    "report_explorer",
+    "timeline_explorer",
+]
 
 
 def _need(values, what):
@@ -47,7 +61,13 @@ def _seeded(dev, workload):
 # -- 00 ------------------------------------------------------------------------------------------
 
 
-def matrix_explorer(dev, model, buckets, workload, logits_policy="transient"):
+def matrix_explorer(
+    dev: Device,
+    model: dict[str, Any],
+    buckets: Sequence[int],
+    workload: dict[str, Any],
+    logits_policy: str = "transient",
+) -> Panel:
     """Corrupted sessions and steps by index dtype x mode x overlap x bucket, for the knobs chosen."""
     p = Panel(
         controls=dict(
@@ -65,13 +85,12 @@ def matrix_explorer(dev, model, buckets, workload, logits_policy="transient"):
         dtypes, modes = _need(p.value("index_dtypes"), "index dtype"), _need(p.value("modes"), "mode")
         overlaps = _need(p.value("overlaps"), "overlap setting")
         bs = [b for b in sorted(buckets) if b <= p.value("bucket")]
-        reproduce.check_matrix_args(dtypes, modes, overlaps, bs, logits_policy)
+        knobs = reproduce.Knobs(dtypes, modes, overlaps, logits_policy)
+        reproduce.check_matrix_args(knobs, bs)
         _seeded(dev, workload)
         tick.start(len(dtypes) * len(modes) * len(overlaps), "capturing the first configuration")
-        rows, aliases = reproduce.corruption_matrix(
-            dev, model, bs, workload, dtypes, modes, overlaps, logits_policy, progress=tick
-        )
-        rows = reproduce.with_intervals(rows)
+        matrix = reproduce.corruption_matrix(dev, model, bs, workload, knobs, progress=tick)
+        rows, aliases = reproduce.with_intervals(matrix.rows), matrix.aliases
         p.state.update(rows=rows, aliases=aliases)
         cols = ["index_dtype", "mode", "overlap", "bucket", "corrupted_sessions", "sessions"]
         cols += ["session_lo", "session_hi", "corrupted_steps", "steps"]
@@ -92,7 +111,14 @@ def matrix_explorer(dev, model, buckets, workload, logits_policy="transient"):
 # -- 01 ------------------------------------------------------------------------------------------
 
 
-def page_map(dev, model, buckets, workload, logits_policy="transient", index_dtype="bf16"):
+def page_map(
+    dev: Device,
+    model: dict[str, Any],
+    buckets: Sequence[int],
+    workload: dict[str, Any],
+    logits_policy: str = "transient",
+    index_dtype: str = "bf16",
+) -> Panel:
     """The canary's run for one overlap setting and bucket; a slider walks its replays' page maps."""
     step = W.IntSlider(value=0, min=0, max=0, description="replay", disabled=True, continuous_update=False)
     p = Panel(
@@ -143,7 +169,14 @@ def page_map(dev, model, buckets, workload, logits_policy="transient", index_dty
 # -- 02 ------------------------------------------------------------------------------------------
 
 
-def gediff_explorer(dev, model, buckets, workload, logits_policy="transient", seed=0):
+def gediff_explorer(
+    dev: Device,
+    model: dict[str, Any],
+    buckets: Sequence[int],
+    workload: dict[str, Any],
+    logits_policy: str = "transient",
+    seed: int = 0,
+) -> Panel:
     """One design of the differential (or the canary) against no instrument on the campaign's
     protocol, through designs.compare as notebook 02 runs it: each arm's rate, what it saw, and the
     evidence (aliasing pairs, branch times); a slider walks the design's comparisons."""
@@ -203,8 +236,13 @@ def _hazard_label(h):
 
 
 def timeline_explorer(
-    dev, model, buckets, index_dtypes=INDEX_DTYPES, overlaps=OVERLAPS, policies=LOGITS_POLICIES
-):
+    dev: Device,
+    model: dict[str, Any],
+    buckets: Sequence[int],
+    index_dtypes: Sequence[str] = INDEX_DTYPES,
+    overlaps: Sequence[str] = OVERLAPS,
+    policies: Sequence[str] = LOGITS_POLICIES,
+) -> Panel:
     """Capture and audit one configuration; the chosen bucket's capture is drawn stream by stream,
     and the chosen hazard's two ops are lit, with both tensors' allocation and free sites."""
     hazard = W.Dropdown(options=[], description="hazard", layout=W.Layout(width="95%"), disabled=True)
@@ -289,7 +327,14 @@ def timeline_explorer(
 # -- 04 ------------------------------------------------------------------------------------------
 
 
-def fix_explorer(dev, model, buckets, workload, replays=20, index_dtype="bf16"):
+def fix_explorer(
+    dev: Device,
+    model: dict[str, Any],
+    buckets: Sequence[int],
+    workload: dict[str, Any],
+    replays: int = 20,
+    index_dtype: str = "bf16",
+) -> Panel:
     """The chosen variants at the chosen buckets: corrupted sessions (Wilson 95%) and step time."""
     names = tuple(fix.VARIANTS)
     p = Panel(
@@ -360,7 +405,9 @@ def _variant_figure(rows, times, variants):
 # -- 06 ------------------------------------------------------------------------------------------
 
 
-def report_explorer(reports, targets, backends):
+def report_explorer(
+    reports: Mapping[tuple[str, str], TargetReport], targets: Sequence[str], backends: Sequence[str]
+) -> Panel:
     """The full audit report of the chosen target on the chosen backend, from `reports` (what
     engines.audit_all returned, keyed by (target spec, backend)); redrawn as either control moves."""
     p = Panel(
@@ -389,7 +436,7 @@ def report_explorer(reports, targets, backends):
 # -- 07 ------------------------------------------------------------------------------------------
 
 
-def method_explorer(devices, replays):
+def method_explorer(devices: Mapping[str, Device], replays: int) -> Panel:
     """The whole method on one form of one model, on one backend: the audit with --confirm, then the
     probe differential with the chosen design (nblib.studies.method.run_one, what the batch run
     calls). devices: backend name -> device facade."""

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import unquote, urldefrag, urlsplit
 
+__all__ = ["CHROMIUM", "FLAGS", "TRACEBACK", "Check", "check", "chromium_missing", "serve"]
+
 CHROMIUM = Path("/usr/bin/chromium")
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--no-first-run"]
 TRACEBACK = "Traceback (most recent call last)"
@@ -26,17 +28,18 @@ TRACEBACK = "Traceback (most recent call last)"
 
 @dataclass
 class Check:
-    pages: list = field(default_factory=list)  # paths visited, landing page first
-    console_errors: list = field(default_factory=list)  # (page, text)
-    external_requests: list = field(default_factory=list)  # (page, url): a load from outside the folder
-    broken_images: list = field(default_factory=list)  # (page, src)
-    broken_links: list = field(default_factory=list)  # (page, href)
-    tracebacks: list = field(default_factory=list)  # pages showing one
+    pages: list[str] = field(default_factory=list)  # paths visited, landing page first
+    console_errors: list[tuple[str, str]] = field(default_factory=list)  # (page, text)
+    # (page, url): a load from outside the folder
+    external_requests: list[tuple[str, str]] = field(default_factory=list)
+    broken_images: list[tuple[str, str]] = field(default_factory=list)  # (page, src)
+    broken_links: list[tuple[str, str]] = field(default_factory=list)  # (page, href)
+    tracebacks: list[str] = field(default_factory=list)  # pages showing one
     images: int = 0
     links: int = 0
 
     @property
-    def ok(self):
+    def ok(self) -> bool:
         return not (
             self.external_requests
             or self.console_errors
@@ -45,7 +48,7 @@ class Check:
             or self.tracebacks
         )
 
-    def problems(self):
+    def problems(self) -> list[str]:
         return [
             *(f"{p}: loads from outside the folder: {u}" for p, u in self.external_requests),
             *(f"{p}: console error: {t}" for p, t in self.console_errors),
@@ -60,7 +63,7 @@ class _Quiet(http.server.SimpleHTTPRequestHandler):
         pass
 
 
-def serve(root):
+def serve(root: str | Path) -> tuple[http.server.ThreadingHTTPServer, str]:
     """An HTTP server for `root` on a free local port, in a daemon thread; returns (server, base url)."""
     handler = functools.partial(_Quiet, directory=str(root))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
@@ -68,7 +71,7 @@ def serve(root):
     return server, f"http://127.0.0.1:{server.server_address[1]}/"
 
 
-def chromium_missing():
+def chromium_missing() -> str | None:
     """Why the browser check cannot run on this machine, or None."""
     if not CHROMIUM.exists():
         return f"{CHROMIUM} is absent: apt-get install -y chromium"
@@ -79,7 +82,7 @@ def chromium_missing():
     return None
 
 
-def check(site_dir, screenshot=None):
+def check(site_dir: str | Path, screenshot: str | Path | None = None) -> Check:
     """Visit every page reachable from site_dir/index.html (a site, or a run folder: its index, the
     executed notebooks' pages and the site it links); returns a Check. `screenshot`: a path for a
     PNG of the landing page's first screen."""

@@ -6,15 +6,20 @@ simulator reports is its timing model's: simulated microseconds of the kernels a
 gives the replay and the eager work around it, with no launch costs. Figures, verdicts and
 the writeup say which, through these helpers, instead of a sentence written for a GPU."""
 
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+__all__ = ["GPU_TIMER", "backend_notes", "divergence_note", "gpu_time", "overhead_sentence", "timing_label"]
+
 GPU_TIMER = "cuda events"  # nblib.instruments.overhead.CUDA_EVENTS: timer's method on CUDA
 
 
-def gpu_time(method):
+def gpu_time(method: str | None) -> bool:
     """True when a timing method measured a GPU (CUDA events)."""
     return method == GPU_TIMER
 
 
-def timing_label(method):
+def timing_label(method: str | None) -> str:
     """What a timing method's numbers are, in the words a figure's axis or a verdict needs."""
     if gpu_time(method):
         return "GPU time (CUDA events)"
@@ -23,7 +28,7 @@ def timing_label(method):
     return "simulated: the calibrated timing model's kernel times, not a GPU's"
 
 
-def overhead_sentence(cost):
+def overhead_sentence(cost: Sequence[Mapping[str, Any]]) -> str:
     """The notebook 02 verdict's overhead clause, from overhead.replay_times rows (neither first):
     ratios over the plain replay, labelled with what they measured."""
     ratios = ", ".join(f"{r['instrument']} x{r['ratio']:.2f}" for r in cost[1:] if r["ratio"] is not None)
@@ -36,7 +41,7 @@ def overhead_sentence(cost):
     )
 
 
-def divergence_note(arms, recommended=None):
+def divergence_note(arms: Sequence[Mapping[str, Any]], recommended: str | None = None) -> str:
     """One sentence when a differential design diverged (notebook 02's arms, dicts), saying what a
     divergence is and, when the recommended design is among them, what that means for it; "" else."""
     seen = [a for a in arms if a.get("comparisons") and a.get("diverged")]
@@ -56,7 +61,7 @@ def divergence_note(arms, recommended=None):
     return s
 
 
-def backend_notes(results):
+def backend_notes(results: Mapping[str, Any]) -> list[tuple[str, str]]:
     """Where this run's backend changes what its numbers mean: [(notebook, sentence)], each from
     the run's own results (nblib.publish.report.load's mapping of nblib.schema.results models);
     nothing for a clean GPU run."""
@@ -78,13 +83,13 @@ def backend_notes(results):
     return notes
 
 
-def _n00(r):
+def _reproduce_notes(r):
     """Which buckets corrupt, which alias, and where an alias stayed clean (the window's doing)."""
-    alias = sorted({a["bucket"] for a in r.aliases or [] if a["overlap"] == "on" and a["bucket"] > 1})
+    alias = sorted({a.bucket for a in r.aliases or [] if a.overlap == "on" and a.bucket > 1})
     reached = {
-        m["bucket"]
+        m.bucket
         for m in r.matrix or []
-        if (m["index_dtype"], m["mode"], m["overlap"]) == ("bf16", "graph", "on") and m["sessions"]
+        if (m.index_dtype, m.mode, m.overlap) == ("bf16", "graph", "on") and m.sessions
     }
     bad = (r.fingerprint.buckets_corrupting if r.fingerprint else None) or []
     quiet = [b for b in alias if b not in bad and b in reached]
@@ -97,23 +102,23 @@ def _n00(r):
     return [s]
 
 
-def _n02(r):
+def _differential_notes(r):
     notes = [divergence_note([a.model_dump() for a in (r.off, *r.designs)], r.recommended)]
     cost = r.overhead or []
-    if cost and not gpu_time(cost[0]["method"]):
+    if cost and not gpu_time(cost[0].method):
         notes.append(
             "The overhead ratios are the simulator's timing model: modelled kernel times, no launches."
         )
     return notes
 
 
-def _n03(r):
+def _overlap_notes(r):
     if r.csan is None and r.backend != "cuda":
         return ["PyTorch's CUDA sanitizer instruments CUDA only: not run on this backend."]
     return []
 
 
-def _n04(r):
+def _fix_notes(r):
     unjudged = [c.check for c in r.checks or [] if c.holds is None]
     if not unjudged:
         return []
@@ -123,5 +128,9 @@ def _n04(r):
     ]
 
 
-_NOTES = {"00_reproduce": _n00, "02_graph_vs_eager": _n02, "03_stream_overlap": _n03}
-_NOTES["04_persistent_buffer_fix"] = _n04
+_NOTES = {
+    "00_reproduce": _reproduce_notes,
+    "02_graph_vs_eager": _differential_notes,
+    "03_stream_overlap": _overlap_notes,
+}
+_NOTES["04_persistent_buffer_fix"] = _fix_notes

@@ -2,10 +2,13 @@
 site's pages. Every link a template writes is relative, so a folder can be served or attached as is."""
 
 from pathlib import Path
+from typing import Any
 
 import jinja2
 import nbformat
 from nbconvert import HTMLExporter
+
+__all__ = ["TEMPLATES", "notebook_html", "render"]
 
 TEMPLATES = Path(__file__).parent / "templates"
 
@@ -18,11 +21,13 @@ _env = jinja2.Environment(
 )
 
 
-def render(name, **context):
+def render(name: str, **context: Any) -> str:
     return _env.get_template(name).render(**{"nav": (), "footer": "", **context})
 
 
-def notebook_html(ipynb, template="offline", resources=None, **options):
+def notebook_html(
+    ipynb: str | Path, template: str = "offline", resources: dict[str, Any] | None = None, **options: Any
+) -> str:
     """An executed notebook as one HTML page through a template here that loads nothing from the
     network ("offline": the run folder's pages; "nbpage": the site's, with its nav and folded code).
     options: HTMLExporter's (exclude_input, ...); prompts are always left out."""

@@ -117,14 +117,15 @@ def _op_label(ax, op, tensor, x, lane, top):
 
 
 def _hazard_line(h, row, hazards, pick, at, schedule):
-    """The title's second line: which hazard is red, what it is, and how many the table holds."""
+    """The title's second line: which hazard is red, what it is (row: its HazardRow), and how many the
+    table holds."""
     if len(hazards) == 1:
         which = "the one hazard"
     else:
         which = (
             f"the worst of {len(hazards)} hazards" if pick is None else f"hazard {pick + 1} of {len(hazards)}"
         )
-    line = f"red: {which}, {row['kind']} on {row['nbytes']:,} bytes"
+    line = f"red: {which}, {row.kind} on {row.nbytes:,} bytes"
     if schedule is not None:
         t = _together(h, at)
         line += f", ran together {t:.1f} us" if t else ", not overlapping in this replay"
@@ -159,7 +160,7 @@ def stream_timeline(trace, hazards=(), schedule=None, title=None, pick=None):
     if h is None:
         ax.set_title(f"{head}\nno cross-stream hazard in this capture", fontsize=10)
     else:
-        row = h.row()
+        row = h.fields()
         (x1, w1), (x2, w2) = at[h.first.index], at[h.second.index]
         y1, y2 = lane[h.first.stream], lane[h.second.stream]
         ax.annotate(
@@ -167,8 +168,8 @@ def stream_timeline(trace, hazards=(), schedule=None, title=None, pick=None):
             arrowprops=dict(arrowstyle="->", color=HAZARD, linestyle="--", linewidth=1.2),
         )  # fmt: skip
         for op, tensor, x, w in (
-            (h.first, row["first_tensor"], x1, w1),
-            (h.second, row["second_tensor"], x2, w2),
+            (h.first, row.first_tensor, x1, w1),
+            (h.second, row.second_tensor, x2, w2),
         ):
             _op_label(ax, op, tensor, x + w / 2, lane[op.stream], lane[op.stream] == 0)
         ax.set_title(f"{head}\n{_hazard_line(h, row, hazards, pick, at, schedule)}", fontsize=10)

@@ -102,11 +102,11 @@ def investigation(results):
         rows.append(dict(step=step, question=question, finding=finding))
 
     if m.reproduce:
-        bad = [x for x in m.reproduce.matrix if x["corrupted_sessions"]]
+        bad = [x for x in m.reproduce.matrix if x.corrupted_sessions]
         where = (
             "; ".join(
-                f"{x['index_dtype']}/{x['mode']}/overlap {x['overlap']}/bucket {x['bucket']} "
-                f"{_rate(x['corrupted_sessions'], x['sessions'])}"
+                f"{x.index_dtype}/{x.mode}/overlap {x.overlap}/bucket {x.bucket} "
+                f"{_rate(x.corrupted_sessions, x.sessions)}"
                 for x in bad
             )
             or "nowhere"
@@ -199,7 +199,7 @@ def _overlap(r3, add):
 
 def _speed(r4):
     """The speed finding; labelled as the simulator's timing model (and not judged) where it is."""
-    method = (r4.times or [{}])[0].get("method", "")
+    method = r4.times[0].method if r4.times else ""
     judged = "; ".join(f"{c.check}: {c.measured}" for c in r4.checks if "decode step" in c.check)
     text = f"{r4.overlap_story} {judged}".strip()
     if caveats.gpu_time(method):
@@ -251,11 +251,12 @@ def _tables(m):
         parts += [
             "## The fix",
             markdown_table(
-                m.fix.pooled, ["variant", "buckets", "corrupted_sessions", "sessions", "rate", "lo", "hi"]
+                _dicts(m.fix.pooled),
+                ["variant", "buckets", "corrupted_sessions", "sessions", "rate", "lo", "hi"],
             ),
             markdown_table([c.model_dump() for c in m.fix.checks], ["check", "measured", "holds"]),
             "## Speed (decode step, median ms)",
-            markdown_table(m.fix.speed),
+            markdown_table(_dicts(m.fix.speed)),
         ]
     if m.graph_vs_eager:
         arms = [m.graph_vs_eager.off, *m.graph_vs_eager.designs]
@@ -267,21 +268,29 @@ def _tables(m):
         if m.graph_vs_eager.bucket_table:
             parts += [
                 "Steps per bucket (corrupted/steps), each design beside off:",
-                markdown_table(m.graph_vs_eager.bucket_table),
+                markdown_table(_dicts(m.graph_vs_eager.bucket_table)),
             ]
         if m.graph_vs_eager.campaign_verdict:
             parts.append(m.graph_vs_eager.campaign_verdict)
     if m.reproduce:
         if m.reproduce.protocol_checks:
-            parts += ["## The campaign's protocol (notebook 00)", markdown_table(m.reproduce.protocol_checks)]
+            parts += [
+                "## The campaign's protocol (notebook 00)",
+                markdown_table(_dicts(m.reproduce.protocol_checks)),
+            ]
         parts += [
             "## The fingerprint (notebook 00)",
             markdown_table(
-                m.reproduce.fingerprint.checks,
+                _dicts(m.reproduce.fingerprint.checks),
                 ["check", "scope", "corrupted", "sessions", "upper95", "holds", "expected", "why"],
             ),
         ]
     return parts
+
+
+def _dicts(rows):
+    """A table's row models as the dicts the notebook wrote (the keys it wrote, no others)."""
+    return [r.model_dump(exclude_unset=True) for r in rows]
 
 
 def save(output_dir, text, name="writeup.md"):

@@ -10,6 +10,7 @@ from pydantic import BaseModel
 
 from nblib.core.paths import ROOT
 from nblib.publish.show import markdown_table
+from nblib.schema import tuned
 
 
 class Block(BaseModel):
@@ -430,32 +431,20 @@ def cost_table(costs):
     return markdown_table(rows)
 
 
-_POINT = re.compile(r"^\s*#?\s*(depth\s+\d+: .*)$")
-
-
 def windows(root):
-    out = []
-    for folder in sorted(Path(root).glob("*-*/")):
-        profile = next(iter(sorted(folder.glob("local-*.yaml"))), None)
-        log = folder / "window-command.log"
-        if profile is None or not log.exists():
-            continue
-        head = profile.read_text()
-        commit = re.search(r"at commit ([0-9a-f]{7,40})", head)
-        device = re.search(r"tuned for (.+?): ", head)
-        lines = log.read_text().splitlines()
-        points = [m.group(1).strip() for m in map(_POINT.match, lines) if m]
-        reason = next((ln for ln in lines if ln.startswith("trunk_layers")), "")
-        out.append(
-            Window(
-                path=_rel(folder),
-                commit=short(commit.group(1) if commit else None),
-                device=device.group(1) if device else "-",
-                points=points,
-                reason=reason,
-            )
+    """Each folder's `python -m nblib window` runs, from the search records beside the profiles they
+    wrote (nblib.schema.tuned)."""
+    return [
+        Window(
+            path=_rel(folder),
+            commit=short(record.commit),
+            device=record.device,
+            points=[p.line() for p in record.points],
+            reason=record.reason,
         )
-    return out
+        for folder in sorted(Path(root).glob("*-*/"))
+        for record in tuned.read_records(folder)
+    ]
 
 
 def audit_blocks(r):

@@ -11,12 +11,14 @@ from nblib.publish import sweep_site
 from nblib.publish.results_figures import Block, short
 from nblib.schema.speed import SpeedTable
 
+__all__ = ["BENCH_SUITE", "SWEEPS", "SWEEP_COLUMNS", "suite_speeds", "sweep_block", "sweeps"]
+
 SWEEPS = "outputs/sweeps"
 BENCH_SUITE = "outputs/bench-suite"
 SWEEP_COLUMNS = ("point", "values", "arm", "corrupted sessions (95% interval)", "worker")
 
 
-def sweep_block(root, folder):
+def sweep_block(root: Path, folder: Path) -> Block:
     """One sweep: where and on what it ran, what its grid cannot test, and a row per point and arm."""
     record = json.loads((folder / sweep_site.RECORD).read_text())
     table = sweep_site.load_table(folder)
@@ -46,7 +48,7 @@ def sweep_block(root, folder):
     return Block(title=title, body=body)
 
 
-def sweeps(root):
+def sweeps(root: str | Path) -> list[Block]:
     root = Path(root)
     return [sweep_block(root, p.parent) for p in sorted((root / SWEEPS).glob(f"*/{sweep_site.RECORD}"))]
 
@@ -62,7 +64,7 @@ def _speed_row(name, t: SpeedTable):
     return (f"`{name}/`", t.machine, t.profile, short(t.commit), notebooks, total, wall, ratio)
 
 
-def suite_speeds(root):
+def suite_speeds(root: str | Path) -> str:
     """A row per committed speed table: where, machine, profile, commit, which notebooks, their sum,
     the suite's wall and lanes, and the ratio to the table it was compared with."""
     rows = [

@@ -2,10 +2,14 @@
 HTML (through pandas) for widgets and the published site. _fmt decides how a value reads (floats
 to 4 significant digits, lists joined), the same in every table."""
 
+from collections.abc import Mapping, Sequence
+
 import pandas as pd
 from IPython.display import Markdown, display
 
 from nblib.core import tables
+
+__all__ = ["html_table", "markdown_table", "say", "table"]
 
 
 def _fmt(v):
@@ -20,12 +24,12 @@ def _cells(rows, columns):
     return [[_fmt(r.get(c, "")) for c in columns] for r in rows]
 
 
-def markdown_table(rows, columns=None):
+def markdown_table(rows: Sequence[Mapping[str, object]], columns: Sequence[str] | None = None) -> str:
     """The dicts in rows as markdown (nblib.core.tables), values written by _fmt."""
     return tables.from_dicts(rows, columns, fmt=_fmt)
 
 
-def html_table(rows, columns=None):
+def html_table(rows: Sequence[Mapping[str, object]], columns: Sequence[str] | None = None) -> str:
     """The same table as HTML, values escaped."""
     if not rows:
         return "<p><em>(none)</em></p>"
@@ -33,7 +37,7 @@ def html_table(rows, columns=None):
     return pd.DataFrame(_cells(rows, columns), columns=columns).to_html(index=False, border=0)
 
 
-def table(rows, columns=None):
+def table(rows: Sequence[Mapping[str, object]], columns: Sequence[str] | None = None) -> Markdown:
     return Markdown(markdown_table(rows, columns))
 
 

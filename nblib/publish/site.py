@@ -15,8 +15,10 @@ import json
 import re
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import yaml
 from nbconvert.filters import markdown2html
@@ -25,13 +27,16 @@ from nblib.core.files import write_text
 from nblib.publish import pages, report, runindex, show
 from nblib.schema import results as R
 
+__all__ = ["HEADING", "SITE", "TOC_MARK", "Site", "build", "replace", "toc"]
+
 SITE = "site"
+_Made = TypeVar("_Made")
 
 
 @dataclass
 class Site:
     root: Path
-    pages: list  # file names, landing page first
+    pages: list[str]  # file names, landing page first
 
 
 def _index(run):
@@ -61,7 +66,7 @@ HEADING = re.compile(r'<h([23]) id="([^"]+)">(.*?)<a class="anchor-link"', re.S)
 TOC_MARK = "<!-- toc -->"
 
 
-def toc(html):
+def toc(html: str) -> str:
     """The page's table of contents: one link per section (h2) and subsection (h3), in order.
     The headings' text is nbconvert's HTML already; only its tags are dropped."""
     items = [
@@ -104,7 +109,7 @@ def _environment(run, records):
     return show.html_table(rows), [(", ".join(names), text) for text, names in groups.items()], commits
 
 
-def build(run_dir, out=None, up=None):
+def build(run_dir: str | Path, out: str | Path | None = None, up: tuple[str, str] | None = None) -> Site:
     """Build the site; returns Site(root, pages). The old site is replaced only once the new one is whole.
     up: (href, label), a first nav link out of the site (a sweep's page, for a point's site)."""
     run = Path(run_dir)
@@ -116,7 +121,7 @@ def build(run_dir, out=None, up=None):
     return Site(out, names)
 
 
-def replace(out, make):
+def replace(out: str | Path, make: Callable[[Path], _Made]) -> _Made:
     """make(folder) fills a fresh folder beside `out`, which then takes out's place: a failed build
     leaves the old site whole. Returns what make returns."""
     out = Path(out)

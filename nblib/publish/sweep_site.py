@@ -14,8 +14,9 @@ leading back here. Every link is relative. Numbers come from sweep.json, the swe
 
 import json
 import shutil
+from collections.abc import Collection, Mapping
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import pandas as pd
 
@@ -23,17 +24,31 @@ from nblib.core.files import write_text
 from nblib.publish import pages, show, site
 from nblib.schema import results as R
 
+__all__ = [
+    "FIGURE",
+    "POINTS",
+    "RECORD",
+    "Limit",
+    "SweepRow",
+    "build",
+    "environment",
+    "is_sweep",
+    "limits",
+    "load_table",
+    "rows",
+]
+
 RECORD = "sweep.json"
 FIGURE = "sweep.png"
 POINTS = "points"
 
 
-class Row(NamedTuple):
+class SweepRow(NamedTuple):
     """One line of the points' table: a point, one notebook, one arm of its headline rate."""
 
     point: str
     page: str | None  # the point's site, relative to the sweep's; None when the point has no run
-    values: list  # the point's grid values, in the grid's key order, as shown
+    values: list[str]  # the point's grid values, in the grid's key order, as shown
     notebook: str
     status: str
     worker: str
@@ -48,11 +63,11 @@ class Limit(NamedTuple):
     """What the grid leaves out of one notebook's verdict."""
 
     notebook: str
-    every: list  # what no point tests
-    some: list  # what some points do not test
+    every: list[str]  # what no point tests
+    some: list[str]  # what some points do not test
 
 
-def is_sweep(folder):
+def is_sweep(folder: str | Path) -> bool:
     return (Path(folder) / RECORD).exists()
 
 
@@ -65,7 +80,7 @@ def _shown(v):
     return "-" if v is None else str(v)
 
 
-def load_table(sweep):
+def load_table(sweep: Path) -> pd.DataFrame:
     """The sweep's table (CSV or Parquet), missing cells as None."""
     csv, parquet = sweep / "sweep.csv", sweep / "sweep.parquet"
     if csv.exists():
@@ -85,7 +100,7 @@ def _corrupted(r):
     return f"{k}/{n} [{100 * r['lo']:.1f}%, {100 * r['hi']:.1f}%]"
 
 
-def rows(record, table, linked):
+def rows(record: Mapping[str, Any], table: pd.DataFrame, linked: Collection[str]) -> list[SweepRow]:
     """The points' table, in sweep.json's point order; `linked`: the points that have a site."""
     keys = list(record["grid"])
     points = {p["point"]: p for p in record["points"]}
@@ -93,7 +108,7 @@ def rows(record, table, linked):
     for r in table.to_dict("records"):
         p = points.get(r["point"], {})
         out.append(
-            Row(
+            SweepRow(
                 point=r["point"],
                 page=f"{POINTS}/{r['point']}/index.html" if r["point"] in linked else None,
                 values=[_shown(p.get("values", {}).get(k)) for k in keys],
@@ -111,7 +126,7 @@ def rows(record, table, linked):
     return sorted(out, key=lambda x: order.index(x.point) if x.point in order else len(order))
 
 
-def limits(table):
+def limits(table: pd.DataFrame) -> list[Limit]:
     """Per notebook, what every point and what some points leave out (the cannot_show column)."""
     out = []
     for notebook, sel in table.groupby("notebook", sort=False):
@@ -124,9 +139,9 @@ def limits(table):
     return out
 
 
-def environment(sweep, record):
+def environment(sweep: Path, record: Mapping[str, Any]) -> str:
     """Where the points ran: one row per distinct (device, backend, commit, torch, triton, python)."""
-    seen = {}
+    seen: dict[tuple[str, ...], list[str]] = {}
     for p in record["points"]:
         for n in record["notebooks"]:
             try:
@@ -181,7 +196,7 @@ def _build(sweep, record, dest):
     return ["index.html", *(f"{POINTS}/{p}/index.html" for p in linked)]
 
 
-def build(sweep_dir, out=None):
+def build(sweep_dir: str | Path, out: str | Path | None = None) -> site.Site:
     """Build the sweep's site; returns Site(root, pages): its index, then each point's landing page.
     The old site is replaced only once the new one is whole."""
     sweep = Path(sweep_dir)

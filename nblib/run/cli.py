@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+from nblib.run.errors import SuiteError
+
 # Each command imports its own modules when it runs: papermill, nbconvert and Playwright cost
 # seconds to import, and `--help` or a bad argument should not pay for them.
 ERRORS = (ValueError, RuntimeError, FileNotFoundError)
@@ -85,6 +87,8 @@ def main(argv=None):
         COMMANDS[args.cmd](args)
     except ERRORS as e:
         sys.exit(f"error: {e}")
+    except SuiteError as e:  # its message names the notebook or lane and where the results are
+        sys.exit(str(e))
 
 
 def _lanes(text):
@@ -192,26 +196,12 @@ def _audit(args):
 def _window(args):
     """Exit 0 with the tuned profile written; 1 when no depth gives an intermittent rate (the points
     printed say why; nothing written). Every argument is checked before a model is built."""
-    import yaml
+    from nblib.run import window_command
 
-    from nblib.core.results import commit
-    from nblib.publish import runindex
-    from nblib.schema import params
-    from nblib.studies import window
-
-    path = Path(args.params or params.default_profile())
-    profile = params.load(path)
-    ask = window.make_ask(args.depths, args.band, args.runs, profile)
-    if args.out and Path(args.out).suffix not in (".yaml", ".yml"):
-        raise ValueError(f"--out names the profile to write: a .yaml file, got {args.out}")
-    dev = params.resolve_backend(profile["backend"])
-    out = Path(args.out or params.ROOT / "params" / f"local-{window.device_slug(dev)}.yaml")
-    found = window.search(dev, profile, ask, runindex.shown_path(path))
-    print(found.choice.reason)
-    if not found.found:
+    try:
+        window_command.tune(args.params, args.out, args.runs, args.depths, args.band)
+    except window_command.NoWindow:
         sys.exit(1)
-    window.write(out, yaml.safe_load(path.read_text()), profile["model"], found, commit())
-    print(f"wrote {out} in {found.seconds:.0f} s; run it: python -m nblib run --params {out}")
 
 
 def _results(args):

@@ -28,10 +28,23 @@ from tqdm.auto import tqdm
 from nblib.core.paths import NOTEBOOK_DIR, NOTEBOOKS, ROOT
 from nblib.publish import runindex
 from nblib.run import warm as warm_kernel
+from nblib.run.errors import Interrupted, LaneFailed, NotebookFailed, Stopped
 from nblib.schema import params as P
 
-# 03 reuses 00's replays (same commit and parameters), so they share a lane; 05 reads every result
-LANES = (("00", "03", "07"), ("01", "02", "04", "06"))
+# Which notebook reads which one's results in the same output folder: notebook 03 reads 00's
+# (nblib.schema.results.load_if_any) and reuses its replays when they ran on the same commit with the
+# same parameters (nblib.studies.overlap.measured_matrix). 05 reads every result: it runs after the lanes.
+NEEDS: dict[str, str] = {"03": "00"}
+
+
+def with_needs(lanes: tuple[tuple[str, ...], ...], needs: dict[str, str]) -> tuple[tuple[str, ...], ...]:
+    """Each lane with every notebook that needs one of its notebooks right after that one, so a lane runs
+    what a notebook reads before the notebook itself."""
+    after = lambda n: tuple(m for m, need in needs.items() if need == n)
+    return tuple(tuple(x for n in lane for x in (n, *after(n))) for lane in lanes)
+
+
+LANES = with_needs((("00", "07"), ("01", "02", "04", "06")), NEEDS)
 
 
 def available(only=None):
@@ -76,7 +89,7 @@ def run(params_path=None, out=None, only=None, timeout=1800, lanes=1, fresh=Fals
     if len(plan) > 1:
         notebooks = [n for n in notebooks if not any(n in lane for lane in plan)]
         first = _lanes_then_warm(plan, gpus, params_path, out, timeout, notebooks)
-    with _stop_on_sigterm():
+    with stop_on_sigterm():
         # the kernel started during the lanes is _run_each's from here on: it closes it
         return _run_each(notebooks, profile, params_path, out, timeout, first) or runindex.load_index(out)
 
@@ -115,17 +128,8 @@ def tuning_note(params_path, dev):
     )
 
 
-class Stopped(SystemExit):
-    """SIGTERM while a notebook ran (a `timeout` around the run, a job scheduler): the notebook is
-    recorded as failed before the run stops, never left looking unfinished or ok.
-
-    A SystemExit because the signal lands wherever papermill's event loop is: inside one of
-    nbclient's tasks or callbacks, asyncio keeps any other exception as that task's result, which
-    nothing reads, and the notebook would run on to the end; SystemExit it raises through."""
-
-
 @contextlib.contextmanager
-def _stop_on_sigterm():
+def stop_on_sigterm():
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -136,6 +140,8 @@ def _stop_on_sigterm():
     old = signal.signal(signal.SIGTERM, stop)
     try:
         yield
+    except Stopped as e:  # out of papermill's loop: from here on, a SuiteError like any other
+        raise Interrupted(str(e.code)) from None
     finally:
         signal.signal(signal.SIGTERM, old)
 
@@ -181,7 +187,7 @@ def _run_each(notebooks, profile, params_path, out, timeout, first=None):
             rec, records = _run_one(name, kernel, profile, params_path, out, timeout)
             if rec["status"] != "ok":
                 bar.close()
-                raise SystemExit(
+                raise NotebookFailed(
                     f"{name} failed: {rec['error']}\n(executed copy: {out / f'{name}.ipynb'}; "
                     f"earlier results kept in {out})"
                 )
@@ -322,7 +328,7 @@ def _run_lanes(plan, gpus, params_path, out, timeout):
             failed.append(f"lane {i} (log {log}): {last}")
     if failed:
         lines = "\n".join(failed)
-        raise SystemExit(f"a lane failed, 05 not run:\n{lines}\n(earlier results kept in {out})")
+        raise LaneFailed(f"a lane failed, 05 not run:\n{lines}\n(earlier results kept in {out})")
 
 
 def _describe(e):

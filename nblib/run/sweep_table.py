@@ -36,25 +36,27 @@ def _pool(rows, key, where):
     for r in rows:
         if where(r):
             k, n = out.get(key(r), (0, 0))
-            out[key(r)] = (k + r["corrupted_sessions"], n + r["sessions"])
+            out[key(r)] = (k + r.corrupted_sessions, n + r.sessions)
     return out
 
 
 def headline(res):
     """{arm: (corrupted sessions, sessions)} for one notebook's finished results (a model of
     nblib.schema.results; empty when it has none)."""
-    racy = lambda r: r["bucket"] > 1 and r.get("overlap", "on") == "on" and r.get("mode", "graph") == "graph"
+    racy = lambda r: (
+        r.bucket > 1 and getattr(r, "overlap", "on") == "on" and getattr(r, "mode", "graph") == "graph"
+    )
     if isinstance(res, R.Reproduce00):
-        return _pool(res.matrix, lambda r: f"{r['index_dtype']} graph overlap on", racy)
+        return _pool(res.matrix, lambda r: f"{r.index_dtype} graph overlap on", racy)
     if isinstance(res, R.Canary01):
-        return _pool(res.canary, lambda r: f"overlap {r['overlap']}", lambda r: r["bucket"] > 1)
+        return _pool(res.canary, lambda r: f"overlap {r.overlap}", lambda r: r.bucket > 1)
     if isinstance(res, R.GraphVsEager02):
         arms = [res.off, *res.designs]
         return {f"differential {a.design}": (a.corrupted_sessions, a.sessions) for a in arms}
     if isinstance(res, R.Overlap03):
-        return _pool(res.toggles, lambda r: f"{r['logits_policy']} {r['index_dtype']}", racy)
+        return _pool(res.toggles, lambda r: f"{r.logits_policy} {r.index_dtype}", racy)
     if isinstance(res, R.Fix04):
-        return {p["variant"]: (p["corrupted_sessions"], p["sessions"]) for p in res.pooled}
+        return {p.variant: (p.corrupted_sessions, p.sessions) for p in res.pooled}
     return {}
 
 

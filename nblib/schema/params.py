@@ -14,8 +14,9 @@ A bad profile fails in one line that names the key and what it may be, before an
 import dataclasses
 import difflib
 import re
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
@@ -25,6 +26,28 @@ from nblib.core.paths import NOTEBOOKS, ROOT
 from nblib.engine.model import INDEX_DTYPES, LOGITS_POLICIES, OVERLAPS, ModelConfig
 from nblib.engine.runner import MODES
 from nblib.engine.workload import WorkloadConfig
+
+__all__ = [
+    "CI_MODEL",
+    "CI_WORKLOAD",
+    "DECLARES",
+    "NOT_IN_PROFILES",
+    "PROFILES",
+    "STRICT",
+    "Positive",
+    "Profile",
+    "ProfileError",
+    "Shapes",
+    "Workload",
+    "annotation",
+    "default",
+    "default_profile",
+    "explain",
+    "load",
+    "parameters_cell",
+    "resolve_backend",
+    "validate",
+]
 
 PROFILES = ("gpu", "gpu-long", "sim", "ci")
 STRICT = ConfigDict(extra="forbid", strict=True)
@@ -190,7 +213,9 @@ class ProfileError(ValueError):
     """A profile or a parameters cell that the schema refuses; the message is one line."""
 
 
-def validate(values, source="profile", allowed=None):
+def validate(
+    values: Mapping[str, Any], source: str = "profile", allowed: Iterable[str] | None = None
+) -> dict[str, Any]:
     """The applied parameters (defaults filled in, nested ones too) for `values`, restricted to
     `allowed` keys (default: all); raises ProfileError naming the first bad key."""
     allowed = tuple(allowed or Profile.model_fields)
@@ -204,7 +229,7 @@ def validate(values, source="profile", allowed=None):
     return {k: applied[k] for k in allowed}
 
 
-def load(path):
+def load(path: str | Path) -> dict[str, Any]:
     """A profile file, validated whole (every key, nested ones too) before anything runs."""
     path = Path(path)
     if not path.exists():
@@ -229,11 +254,11 @@ def _unknown(key, valid):
     return f"unknown key {key!r}: {hint}valid keys: {', '.join(valid)}"
 
 
-def explain(err):
+def explain(err: Mapping[str, Any]) -> str:
     """One line from one pydantic error: the key, what it may be, and what it got."""
     where, got, kind = _loc(err["loc"]), err.get("input"), err["type"]
     if kind == "extra_forbidden":
-        parent = Profile
+        parent: Any = Profile  # then each nested model's class, by the error's path
         for part in err["loc"][:-1]:
             parent = parent.model_fields[part].annotation
         return f"{'.'.join(map(str, err['loc'][:-1]))}: " * (len(err["loc"]) > 1) + _unknown(
@@ -266,9 +291,9 @@ def _type_name(err):
     return "int" if len(err["loc"]) > 1 and t == "dict" else t
 
 
-def annotation(key):
+def annotation(key: str) -> str:
     """The key's type as papermill shows it (str, int, float, bool, list[str], list[int], dict)."""
-    t = Profile.model_fields[key].annotation
+    t: Any = Profile.model_fields[key].annotation  # a type, or a typing form (Literal, list)
     name = getattr(t, "__name__", str(t))
     origin = getattr(t, "__origin__", None)
     if isinstance(t, type) and issubclass(t, BaseModel):
@@ -282,8 +307,8 @@ def annotation(key):
     return name
 
 
-def default(key):
-    f = Profile.model_fields[key]
+def default(key: str) -> Any:
+    f: Any = Profile.model_fields[key]  # its default_factory takes no argument (pydantic allows one)
     value = f.default_factory() if f.default_factory else f.default
     return value.model_dump() if isinstance(value, BaseModel) else value
 
@@ -302,7 +327,7 @@ def _literal(value, width=100):
     return "{\n" + "\n".join([*lines, line]) + "\n}"
 
 
-def parameters_cell(notebook):
+def parameters_cell(notebook: str) -> str:
     """The notebook's parameters cell, written from the schema (tests check each notebook's cell).
     ruff's formatter leaves it as written (fmt: off), so a dict keeps a few items a line."""
     lines = [
@@ -317,11 +342,11 @@ def parameters_cell(notebook):
     return "\n".join([*lines, "# fmt: on"])
 
 
-def resolve_backend(name):
+def resolve_backend(name: str) -> device.Device:
     """The device for a profile's backend, failing in one line when this machine can't give it."""
     return device.get(name)
 
 
-def default_profile():
+def default_profile() -> Path:
     """The README's main command: the GPU profile where there is CUDA, the simulator elsewhere."""
     return ROOT / "params" / ("gpu.yaml" if device.has_cuda() else "sim.yaml")

@@ -1,4 +1,4 @@
-"""results: one pydantic model per notebook's results.json (00 to 06) and one for a run's index.json.
+"""results: one pydantic model per notebook's results.json (00 to 07) and one for a run's index.json.
 
 A notebook writes its file key by key (nblib.core.results.Results); when its last cell marks status
 ok, nblib.setup's hook validates the whole file through the notebook's model, so a key the model
@@ -9,44 +9,62 @@ required: a notebook that died mid-way leaves a partial file, and it must still 
 "ok", every body key is required except those named in OLDER: keys that files written before
 the key existed lack (they load with None).
 
-Nested records are typed where their shape is stable; a free-form table (rows a study builds and a
-notebook shows as is, whose columns follow the study's row builder) stays `list[Row]`.
+Every table is typed to its leaves: a row's model is in nblib.schema.tables, or beside the code that
+builds it (the studies' and the audit's models). The header's params and fixed are mappings whose
+keys differ per notebook (nblib.schema.params checks params key by key at setup); their values are
+ParamValue, JSON's leaves or one level of list or mapping of them.
 """
 
 import json
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from nblib.core.phases import PhaseTime
+from nblib.schema import tables as T
 from nblib.studies import designs as D
 from nblib.studies import engines as E
 from nblib.studies import forced as F
 from nblib.studies import method as M
+from nblib.studies import overlap as O
 from nblib.studies import protocol as P
 
 __all__ = [
     "MODELS",
     "Canary01",
+    "Dropped",
     "Engines06",
     "Fix04",
     "GraphVsEager02",
     "IndexFile",
     "IndexRecord",
+    "Method07",
     "Overlap03",
+    "ParamValue",
     "Report05",
     "Reproduce00",
     "ResultsFile",
+    "Scalar",
     "load",
+    "load_if_any",
     "validate",
 ]
 
 FORBID = ConfigDict(extra="forbid")
 
-# A table row: the columns are whatever the study's row builder emits and the notebook shows
-# (show.table / markdown_table); they change with the study, and readers take them as dicts.
-Row = dict[str, Any]
+# A value of the header's params or fixed as JSON holds it: a leaf (seed, logits_policy), a list of
+# leaves (buckets, index_dtypes) or a mapping of leaves (the model's shapes, the workload).
+Scalar = str | bool | int | float | None
+ParamValue = Scalar | list[Scalar] | dict[str, Scalar]
+
+
+class Dropped(BaseModel):
+    """The index dtypes this GPU's kernels cannot run, left out of index_dtypes (nblib.run.notebook)."""
+
+    model_config = FORBID
+    index_dtypes: list[str]
+    reason: str
 
 
 class ResultsFile(BaseModel):
@@ -54,7 +72,7 @@ class ResultsFile(BaseModel):
     body keys are required once status is ok."""
 
     model_config = FORBID
-    # wall_seconds/phases: the phase clock came after the first GPU runs
+    # wall_seconds/phases: absent from the files of the first GPU runs, written without the phase clock
     OLDER: ClassVar[frozenset[str]] = frozenset({"wall_seconds", "phases"})
 
     notebook: str
@@ -67,10 +85,10 @@ class ResultsFile(BaseModel):
     python: str
     # the profile keys this notebook declares, defaults applied: already checked key by key against
     # nblib.schema.params at setup, and their set differs per notebook
-    params: dict[str, Any]
+    params: dict[str, ParamValue]
     # what the notebook runs whatever the profile says; its keys differ per notebook
-    fixed: dict[str, Any] | None = None
-    dropped: dict[str, Any] | None = None  # index dtypes this GPU cannot run (CUDA only, when any)
+    fixed: dict[str, ParamValue] | None = None
+    dropped: Dropped | None = None  # CUDA only, where this GPU cannot run an index dtype listed
     seconds: float | None = None
     wall_seconds: float | None = None
     phases: list[PhaseTime] | None = None
@@ -93,7 +111,7 @@ class Fingerprint(BaseModel):
     with the clean checks (reproduce.fingerprint)."""
 
     model_config = FORBID
-    checks: list[Row]
+    checks: list[T.FingerprintCheck]
     corrupted_sessions: int
     sessions: int
     session_rate: float
@@ -104,7 +122,9 @@ class Fingerprint(BaseModel):
     buckets_corrupting: list[int]
 
 
-class Reproduce00(ResultsFile):
+class Reproduce00(ResultsFile, O.Reproduced):
+    """Notebook 00; notebook 03 reads it as the Reproduced it is (its header and symptom matrix)."""
+
     # absent from results written before the protocol ran, or before its seed blocks
     OLDER: ClassVar[frozenset[str]] = ResultsFile.OLDER | {
         "protocol_checks", "protocol", "protocol_verdict", "blocks_verdict"
@@ -113,13 +133,13 @@ class Reproduce00(ResultsFile):
     notebook: Literal["00_reproduce"]
     protocol_verdict: str | None = None  # the protocol's sentence, shown under its figure
     blocks_verdict: str | None = None  # the seed blocks' sentence; None: seed_blocks empty
-    protocol_checks: list[Row] | None = None
+    protocol_checks: list[T.ProtocolCheck] | None = None
     protocol: P.Protocol | None = None  # None: the corrupting configuration was not run
-    matrix: list[Row] | None = None
-    aliases: list[Row] | None = None
+    matrix: list[O.MatrixRow] | None = None
+    aliases: list[T.Alias] | None = None
     fingerprint: Fingerprint | None = None
-    window: list[Row] | None = None
-    window_steps: list[Row] | None = None
+    window: list[T.WindowBucket] | None = None
+    window_steps: list[T.WindowStep] | None = None
 
 
 class CanaryTotals(BaseModel):
@@ -132,7 +152,7 @@ class CanaryTotals(BaseModel):
 
 class Canary01(ResultsFile):
     notebook: Literal["01_canary"]
-    canary: list[Row] | None = None
+    canary: list[T.CanaryRow] | None = None
     corrupting_buckets: list[int] | None = None
     canary_at_corrupting: CanaryTotals | None = None
 
@@ -149,6 +169,13 @@ class MechanismRow(D.Mechanism):
     design: str
 
 
+class DesignForced(F.ForcedArm):
+    """Notebook 02: one arm's captures under the forced order (studies.forced), with the arm's name."""
+
+    model_config = FORBID
+    design: str
+
+
 class GraphVsEager02(ResultsFile):
     OLDER: ClassVar[frozenset[str]] = ResultsFile.OLDER | {
         "campaign_verdict", "bucket_table", "forced", "forced_verdict"
@@ -160,41 +187,14 @@ class GraphVsEager02(ResultsFile):
     timing_method: str | None = None
     explanation: D.Explanation | None = None
     campaign_verdict: str | None = None  # None: the campaign's design was not among the arms
-    bucket_table: list[Row] | None = None
-    forced: list[Row] | None = None  # per arm: its captures under the forced order (studies.forced)
+    bucket_table: list[T.BucketSteps] | None = None
+    forced: list[DesignForced] | None = None
     forced_verdict: str | None = None
     recommended: str | None = None
     signature: list[str] | None = None
     sessions_needed: list[SessionsNeeded] | None = None
     zero_failure_1pct: int | None = None
-    overhead: list[Row] | None = None
-
-
-class OverlapHazard(BaseModel):
-    """Notebook 03: one hazard the capture audit named, with the configuration it came from."""
-
-    model_config = FORBID
-    logits_policy: str
-    index_dtype: str
-    overlap: str
-    bucket: int
-    kind: str
-    first_op: str
-    first_stream: str
-    first_tensor: str
-    first_site: str
-    second_op: str
-    second_stream: str
-    second_tensor: str
-    second_site: str
-    addr: str
-    nbytes: int
-    reused: bool
-    first_alloc: str
-    first_free: str
-    second_alloc: str
-    second_free: str
-    pairs: int
+    overhead: list[T.Overhead] | None = None
 
 
 class Overlap03(ResultsFile):
@@ -210,19 +210,19 @@ class Overlap03(ResultsFile):
 
     notebook: Literal["03_stream_overlap"]
     transient_rows_from: str | None = None
-    toggles: list[Row] | None = None
-    hazards: list[OverlapHazard] | None = None
+    toggles: list[T.Toggle] | None = None
+    hazards: list[O.OverlapHazard] | None = None
     hazard_sentences: list[str] | None = None  # one per racy configuration: its first hazard
     forced: list[F.ForcedRow] | None = None  # each hazard under the forced order (audit_confirm)
     forced_verdict: str | None = None
-    graph_check: list[Row] | None = None
-    zoo: list[Row] | None = None
+    graph_check: list[T.GraphCheck | T.GraphUnread] | None = None
+    zoo: list[T.ZooCase] | None = None
     graph_verdict: str | None = None
     audit_one_capture_seconds: float | None = None
     audit_analysis_ms: float | None = None
-    csan: list[Row] | None = None
+    csan: list[T.CsanRun] | None = None
     csan_verdict: str | None = None
-    checks: list[Row] | None = None
+    checks: list[T.OverlapCheck] | None = None
 
 
 class FixPlan(BaseModel):
@@ -267,12 +267,12 @@ class Fix04(ResultsFile):
     OLDER: ClassVar[frozenset[str]] = ResultsFile.OLDER | {"micro_batches", "micro_batches_verdict"}
     notebook: Literal["04_persistent_buffer_fix"]
     plan: FixPlan | None = None
-    rows: list[Row] | None = None
-    pooled: list[Row] | None = None
+    rows: list[T.FixRun] | None = None
+    pooled: list[T.Pooled] | None = None
     audit: list[FixAudit] | None = None
-    times: list[Row] | None = None
-    speed: list[Row] | None = None
-    overlap_branches: list[Row] | None = None
+    times: list[T.StepTime] | None = None
+    speed: list[T.Speed] | None = None
+    overlap_branches: list[T.Branches] | None = None
     overlap_story: str | None = None
     micro_batches: list[MicroBatchAudit] | None = None
     micro_batches_verdict: str | None = None
@@ -297,12 +297,12 @@ class CliRecord(BaseModel):
 class Engines06(ResultsFile):
     notebook: Literal["06_audit_your_engine"]
     findings: list[E.Finding] | None = None
-    hazards: list[E.HazardRow] | None = None
+    hazards: list[E.TargetHazard] | None = None
     cli: CliRecord | None = None
     captured_ops: list[str] | None = None
     no_cache: list[E.Finding] | None = None
     transcription: list[E.Finding] | None = None
-    transcription_hazards: list[E.HazardRow] | None = None
+    transcription_hazards: list[E.TargetHazard] | None = None
 
 
 class Method07(ResultsFile):
@@ -330,6 +330,15 @@ def validate(data):
 def load(path):
     """One results.json file through its notebook's model."""
     return validate(json.loads(Path(path).read_text()))
+
+
+def load_if_any(path):
+    """load(path); None where there is no such file, or one this code's models do not fit (another
+    commit's: a reader that needs this commit's run has none there)."""
+    try:
+        return load(path)
+    except (OSError, json.JSONDecodeError, ValidationError):
+        return None
 
 
 class IndexRecord(BaseModel):

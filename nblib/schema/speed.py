@@ -3,6 +3,8 @@ nblib.run.benchtable builds it, nblib.publish.results_runs reads it into docs/re
 
 from pydantic import BaseModel
 
+__all__ = ["NotebookSpeed", "SpeedTable"]
+
 
 class NotebookSpeed(BaseModel):
     notebook: str

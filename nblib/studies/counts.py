@@ -11,6 +11,8 @@ need for a rate at the pooled one to be told from zero (Fisher, at `alpha` with 
     report = counts.report([(9, 40), (11, 40)], baseline=(44, 200))
 """
 
+from collections.abc import Sequence
+
 from pydantic import BaseModel
 
 from nblib.core import stats
@@ -59,7 +61,12 @@ def _rate(k, n):
     return Rate(corrupted=k, sessions=n, rate=r["rate"], lo=r["lo"], hi=r["hi"])
 
 
-def report(runs, baseline=None, alpha=0.05, power=0.8) -> CountsReport:
+def report(
+    runs: Sequence[tuple[int, int]],
+    baseline: tuple[int, int] | None = None,
+    alpha: float = 0.05,
+    power: float = 0.8,
+) -> CountsReport:
     """The statistics of `runs` ((corrupted, sessions) pairs), against `baseline` (one pair) if given."""
     if not runs:
         raise ValueError("give at least one run's count, e.g. 9/40")
@@ -75,7 +82,7 @@ def report(runs, baseline=None, alpha=0.05, power=0.8) -> CountsReport:
         f"dispersion: chi-square p = {dispersion:.2g}"
         + (" (the runs differ more than one binomial rate gives)" if dispersion < alpha else ""),
     ]
-    if base is not None:
+    if baseline and fisher_p is not None:  # with a baseline (base and fisher_p then exist)
         way = "differs from" if fisher_p < alpha else "no change detected against"
         lines.append(f"baseline: {stats.fmt_rate(*baseline)}; {way} it (Fisher p = {fisher_p:.2g})")
     if needed is not None:

@@ -21,12 +21,28 @@ mechanism to name ("none"); one whose effect no evidence here accounts for reads
 """
 
 import statistics
+from typing import Any
 
 from pydantic import BaseModel
 from scipy.stats import chi2_contingency
 
 from nblib.core import stats
 from nblib.instruments.gediff import DESIGNS
+
+# an arm or result below is nblib.studies.designs' Arm or Designs, typed Any: that module imports this one
+
+__all__ = [
+    "CAMPAIGN",
+    "MECHANISMS",
+    "Explanation",
+    "Finding",
+    "campaign_sentence",
+    "carrying",
+    "explain",
+    "finding",
+    "racy",
+    "verdict",
+]
 
 MECHANISMS = ("layout", "lifetime", "in-step timing", "batch dynamics")
 CAMPAIGN = "campaign"
@@ -60,12 +76,12 @@ class _Test(BaseModel):
     p: float
 
 
-def racy(off):
+def racy(off: Any) -> list[int]:
     """The buckets where the arm without instrument has aliasing pairs: where the race can happen."""
     return [x.bucket for x in off.buckets if x.pairs] or [x.bucket for x in off.buckets]
 
 
-def carrying(off):
+def carrying(off: Any) -> list[int]:
     """The buckets whose replayed steps corrupted without instrument (else the racy ones)."""
     return [b.bucket for b in off.bucket_steps if b.corrupted_steps] or racy(off)
 
@@ -197,7 +213,7 @@ def _moves(effect):
     return "leaves the rate unchanged" if effect == "unchanged" else f"{effect} the rate"
 
 
-def finding(arm, off, alpha=0.05):
+def finding(arm: Any, off: Any, alpha: float = 0.05) -> Finding:
     """One arm's effect against off and each mechanism's evidence."""
     effect = "unchanged"
     if arm.fisher_p is not None and arm.fisher_p < alpha:
@@ -213,7 +229,7 @@ def finding(arm, off, alpha=0.05):
     return Finding(design=arm.design, effect=effect, mechanism=mechanism, why=why, **ev)
 
 
-def explain(result, alpha=0.05) -> Explanation:
+def explain(result: Any, alpha: float = 0.05) -> Explanation:
     """Per arm: the effect on the rate, the evidence and the mechanism; the designs that reproduce
     the campaign's signature (the rate falls and no comparison diverges); the design to recommend (the
     rate unchanged, a planted divergence caught; the smallest side-branch cost among those)."""
@@ -251,7 +267,7 @@ def explain(result, alpha=0.05) -> Explanation:
     )
 
 
-def campaign_sentence(result, why: Explanation) -> str | None:
+def campaign_sentence(result: Any, why: Explanation) -> str | None:
     """Whether the campaign's design, run as the campaign ran it, reproduces the campaign's drop (the
     rate falls, no comparison diverges), and if not what the evidence shows instead; None without it."""
     f = next((x for x in why.findings if x.design == CAMPAIGN), None)
@@ -270,7 +286,7 @@ def campaign_sentence(result, why: Explanation) -> str | None:
     return f"{what}: it does not reproduce the campaign's drop. {instead}."
 
 
-def verdict(result, why: Explanation):
+def verdict(result: Any, why: Explanation) -> str:
     """One paragraph: each arm's effect against no instrument, the signature and the recommendation."""
     off = result.arm("off")
     effects = {f.design: f for f in why.findings}

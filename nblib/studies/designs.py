@@ -23,6 +23,8 @@ each replay, nothing captured), and the differential's DESIGNS.
 """
 
 import statistics
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, Field
 
@@ -36,6 +38,9 @@ from nblib.instruments.overhead import timed, timer, warmups
 from nblib.studies import protocol
 from nblib.studies.design_evidence import Explanation, Finding, campaign_sentence, explain, verdict
 from nblib.studies.forced import ForcedArm, arm_check
+
+if TYPE_CHECKING:
+    from nblib.backends.device import Device
 
 __all__ = [
     "ARMS", "COLUMNS", "Arm", "Designs", "Explanation", "Finding", "Mechanism", "branch_ms",
@@ -58,7 +63,7 @@ COLUMNS = [
 ]  # fmt: skip
 
 
-def check_arms(arms):
+def check_arms(arms: Iterable[str]) -> list[str]:
     bad = [a for a in arms if a not in ARMS]
     if bad or "off" not in arms:
         raise ValueError(f"arms must include 'off' and come from {', '.join(ARMS)}; got {list(arms)}")
@@ -111,7 +116,7 @@ class Designs(BaseModel):
     seeds: list[int]
     method: str  # how the branches were timed
 
-    def arm(self, name):
+    def arm(self, name: str) -> Arm:
         return next(a for a in self.arms if a.design == name)
 
 
@@ -131,7 +136,15 @@ def _graph_ms(dev, fn, replays, warmup):
     return statistics.median(timed(measure, g.replay, replays, warmups(dev, warmup, cuda=3))), method
 
 
-def branch_ms(dev, m, bucket, replays=20, warmup=None, seed=0, ctx=None):
+def branch_ms(
+    dev: "Device",
+    m: Any,  # a DecodeModel: its weights (embed, w_q, w_head) are attributes set from its weight set
+    bucket: int,
+    replays: int = 20,
+    warmup: int | None = None,
+    seed: int = 0,
+    ctx: int | None = None,
+) -> tuple[float, float, str]:
     """The side branch (indexer with the instrument's hook, top-k) and the main branch (the
     instrument's main-stream hook, trunk, MLP), each alone on a full batch of `bucket` requests of
     `ctx` entries (None or 0: half the longest context)."""
@@ -154,7 +167,14 @@ def branch_ms(dev, m, bucket, replays=20, warmup=None, seed=0, ctx=None):
     return side_ms, main_ms, method
 
 
-def planted_caught(dev, shapes, knobs, design, bucket, seed=0):
+def planted_caught(
+    dev: "Device",
+    shapes: Mapping[str, Any],
+    knobs: Mapping[str, Any],
+    design: str,
+    bucket: int,
+    seed: int = 0,
+) -> bool:
     """Capture `bucket` with a planted divergence (model.plant_divergence) and this design attached,
     replay one full batch: does the comparison report it?"""
     m = build.model(dev, shapes, **knobs)
@@ -197,8 +217,18 @@ def _mechanisms(dev, m, report, buckets, replays, seed, ctx):
 
 
 def run_arm(
-    dev, shapes, buckets, workload, arm, seeds, knobs, replays=20, progress=print, ctx=None, forced_in=None
-):
+    dev: "Device",
+    shapes: Mapping[str, Any],
+    buckets: Sequence[int],
+    workload: Mapping[str, Any],
+    arm: str,
+    seeds: Sequence[int],
+    knobs: Mapping[str, Any],
+    replays: int = 20,
+    progress: Callable[[str], object] | None = print,
+    ctx: int | None = None,
+    forced_in: tuple[Sequence[int] | None, int] | None = None,
+) -> tuple[protocol.Protocol, GEDiff | None, list[Mechanism], str, ForcedArm | None]:
     """One arm: capture every bucket once under the audit, run the protocol on those graphs, then
     measure the branches on full batches of `ctx` entries a request (branch_ms). forced_in:
     (buckets, replays) to replay under the forced order (forced.arm_check), None: none. Returns
@@ -254,18 +284,18 @@ def _arm(name, proto, gd, mech, off, planted):
 
 
 def compare(
-    dev,
-    shapes,
-    buckets,
-    workload,
-    seeds,
-    arms=ARMS,
-    knobs=None,
-    replays=20,
-    progress=print,
-    ctx=None,
-    forced_replays=0,
-):
+    dev: "Device",
+    shapes: Mapping[str, Any],
+    buckets: Sequence[int],
+    workload: Mapping[str, Any],
+    seeds: Sequence[int],
+    arms: Iterable[str] = ARMS,
+    knobs: Mapping[str, Any] | None = None,
+    replays: int = 20,
+    progress: Callable[[str], object] | None = print,
+    ctx: int | None = None,
+    forced_replays: int = 0,
+) -> Designs:
     """Every arm on the protocol; the differential designs also get the planted check (at the
     largest bucket). knobs: index_dtype, overlap, logits_policy (default bf16, on, transient).
     ctx: entries a request in the batches the branches are measured on (branch_ms).
@@ -275,7 +305,7 @@ def compare(
     knobs = dict(dict(index_dtype="bf16", overlap="on", logits_policy="transient"), **(knobs or {}))
     out, off, method = [], None, ""
     for name in ["off"] + [a for a in arms if a != "off"]:
-        where = None if off is None else off.forced.buckets if off.forced else None
+        where: list[int] | None = None if off is None else off.forced.buckets if off.forced else None
         proto, gd, mech, method, held = run_arm(
             dev, shapes, buckets, workload, name, seeds, knobs, replays, progress, ctx,
             forced_in=(where, forced_replays) if forced_replays else None,
@@ -297,13 +327,13 @@ def compare(
     return result
 
 
-def bucket_table(result: Designs) -> list[dict]:
+def bucket_table(result: Designs) -> list[dict[str, Any]]:
     """Per bucket: each arm's steps there, pooled over its runs, as 'corrupted/steps' (off first): whether
     an instrument moved the engine to other buckets."""
     buckets = sorted({b.bucket for a in result.arms for b in a.bucket_steps})
     rows = []
     for x in buckets:
-        row = dict(bucket=x)
+        row: dict[str, Any] = dict(bucket=x)
         for a in result.arms:
             b = next((b for b in a.bucket_steps if b.bucket == x), None)
             row[a.design] = f"{b.corrupted_steps}/{b.steps}" if b else "0/0"

@@ -1,7 +1,7 @@
 """Notebook 06: the capture audit on engine code nobody here wrote, through the command users run.
 
     findings, rows, reports = engines.audit_all(engines.TARGETS, ["sim"], replays=50)
-    run = engines.cli("examples/audit/hf_moe.py:qwen2_moe", "sim")  # python -m nblib audit, a child
+    run = engines.cli("examples/audit/hf_moe.py:qwen2_moe", "sim")  # the audit command's run, a child
     gap = engines.sim_gap(["sim"])  # where the simulator cannot stand in for CUDA, measured
 
 The targets live outside nblib, in examples/audit/, because that is where a user's engine is: the
@@ -27,17 +27,18 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 
 from nblib.backends import device as devices
 from nblib.core.paths import ROOT
 from nblib.instruments import audit
 from nblib.instruments.audit import target as AT
+from nblib.instruments.audit.records import HazardSummary
 
 HF = "examples/audit/hf_moe.py"
 DSV4 = "examples/audit/dsv4_attention.py"
 REPLAYS = 50  # replays of each audited graph, compared with the eager step
-CLI_TIMEOUT = 300  # seconds for one `python -m nblib audit` child (importing transformers takes ~15 s)
+CLI_TIMEOUT = 300  # seconds for one audit child (importing transformers takes ~15 s)
 
 
 class Target(BaseModel):
@@ -95,51 +96,26 @@ class Finding(BaseModel):
         return self.expect is None or self.status == self.expect
 
 
-class HazardRow(BaseModel):
-    """One hazard as the notebook's table shows it: the two ops, their streams, the tensor, the sites."""
+class Audited(BaseModel):
+    """Which audit a row comes from: the target's model and form, and the backend."""
 
+    model_config = ConfigDict(extra="forbid")
     model: str
     form: str
     backend: str
-    kind: str
-    first: str  # "aten::mm on side"
-    first_at: str
-    second: str
-    second_at: str
-    tensor: str  # the first op's tensor
-    allocated_at: str
-    freed_at: str
-    reused_by: str  # the second op's tensor when the bytes were freed and handed on
-    pairs: int
 
 
-def short(site):
-    """'hf_moe.py:107 in forward' from an audit_target.Site (None: no line of the caller's)."""
-    return f"{os.path.basename(site.file)}:{site.line} in {site.function}" if site is not None else "-"
+class TargetHazard(HazardSummary, Audited):
+    """One hazard as the notebook's table shows it: the audit it comes from, then the hazard's
+    summary (HazardRecord.summary), in that order of fields."""
 
 
-def hazard_rows(t, rep):
-    out = []
-    for h in rep.hazards:
-        ta = h.first.tensor
-        out.append(
-            HazardRow(
-                model=t.model,
-                form=t.form,
-                backend=rep.backend,
-                kind=h.kind,
-                first=f"{h.first.op} on {h.first.stream}",
-                first_at=short(h.first.at),
-                second=f"{h.second.op} on {h.second.stream}",
-                second_at=short(h.second.at),
-                tensor=ta.name,
-                allocated_at=short(ta.allocated_at),
-                freed_at=short(ta.freed_at) if ta.freed else "alive at the end",
-                reused_by=h.second.tensor.name if h.reused else "-",
-                pairs=h.pairs,
-            )
-        )
-    return out
+def hazard_rows(t, rep) -> list[TargetHazard]:
+    """Target `t`'s report `rep` (a TargetReport), one row per hazard."""
+    return [
+        TargetHazard(model=t.model, form=t.form, backend=rep.backend, **h.summary().model_dump())
+        for h in rep.hazards
+    ]
 
 
 def _pairs(rep):
@@ -227,9 +203,10 @@ def audit_all(targets, backends, replays=0):
 
 
 class CliRun(BaseModel):
-    """`python -m nblib audit TARGET --backend B --json`, run as a user runs it."""
+    """`python -m nblib audit TARGET --backend B` as a user runs it: its exit code, its time, and its
+    report as --json prints it (None where it printed none: stderr says why)."""
 
-    command: str
+    command: str  # the command line as a user types it
     exit_code: int
     seconds: float
     report: AT.TargetReport | None = None
@@ -237,7 +214,10 @@ class CliRun(BaseModel):
 
 
 def cli(spec, backend, timeout=CLI_TIMEOUT):
-    cmd = [sys.executable, "-m", "nblib", "audit", spec, "--backend", backend, "--json"]
+    """The command's run in a child process (a fresh interpreter that imports torch and the target as a
+    user's does, while this process audits): the child runs nblib.instruments.audit.target, the function
+    and JSON that `python -m nblib audit TARGET --json` prints, through that module's own entry point."""
+    cmd = [sys.executable, "-m", AT.__name__, spec, "--backend", backend]
     env = dict(os.environ, PYTHONWARNINGS="ignore")
     t0 = time.perf_counter()
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env, check=False)

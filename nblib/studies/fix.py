@@ -18,13 +18,45 @@ and fails, not skips, when there is no gain to keep.
 import gc
 import math
 import statistics
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from functools import partial
+from typing import TYPE_CHECKING, Any
 
 from nblib.core import phases, stats
 from nblib.engine import build, references
 from nblib.engine.build import full_batch
 from nblib.engine.runner import Runner
 from nblib.instruments.overhead import timed, timer, warmups
+
+if TYPE_CHECKING:
+    from nblib.backends.device import Device
+    from nblib.instruments.audit import Report
+
+__all__ = [
+    "BUGGY",
+    "FIXES",
+    "HELPS",
+    "HELPS_AT",
+    "KEEP",
+    "SPEED_KEYS",
+    "SPEED_TOLERANCE",
+    "VARIANTS",
+    "audits",
+    "branch_fns",
+    "branches",
+    "check_variants",
+    "checks",
+    "overlap_story",
+    "plan",
+    "pooled",
+    "run_variant",
+    "speed",
+    "speed_checks",
+    "step_times",
+    "verdict",
+]
+
+Row = dict[str, Any]  # a table row: a corruption, timing, speed or check row
 
 VARIANTS = {
     "buggy overlap": dict(overlap="on", logits_policy="transient"),
@@ -40,7 +72,7 @@ HELPS_AT = 2  # ... at this many buckets or more
 KEEP = 0.90  # a fix keeps at least this share of the overlap's gain
 
 
-def check_variants(variants):
+def check_variants(variants: Iterable[str]) -> list[str]:
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown or BUGGY not in variants:
         raise ValueError(
@@ -54,8 +86,16 @@ def _model(dev, model, variant, index_dtype):
 
 
 def run_variant(
-    dev, model, buckets, workload, variant, sessions=None, index_dtype="bf16", progress=print, floor=None
-):
+    dev: "Device",
+    model: Mapping[str, Any],
+    buckets: Sequence[int],
+    workload: Mapping[str, Any],
+    variant: str,
+    sessions: Mapping[int, int] | None = None,
+    index_dtype: str = "bf16",
+    progress: Callable[[str], object] | None = print,
+    floor: Mapping[int, int] | None = None,
+) -> list[Row]:
     """Corruption rows for one variant: {bucket: sessions} (or None: the workload's own) per bucket.
     floor: {bucket: sessions} each row must count at least (plan's), topped up with new seeds."""
     m = _model(dev, model, variant, index_dtype)
@@ -97,7 +137,9 @@ def _bucket_parts(runner, workload, b, n, floor, extra=8):
     return parts
 
 
-def plan(buggy_rows, target=0.01, margin=1.1, min_bucket=2):
+def plan(
+    buggy_rows: Sequence[Row], target: float = 0.01, margin: float = 1.1, min_bucket: int = 2
+) -> dict[str, Any]:
     """Sessions per bucket for each fix: enough, pooled over the buckets where the buggy overlap
     corrupted (or over all buckets >= min_bucket if it corrupted nowhere), for the Wilson upper
     bound at zero failures to fall below `target`. Decided from the buggy run only. sessions: what
@@ -117,7 +159,7 @@ def plan(buggy_rows, target=0.01, margin=1.1, min_bucket=2):
     )
 
 
-def pooled(rows, buckets):
+def pooled(rows: Sequence[Row], buckets: Collection[int]) -> list[Row]:
     """Per variant: corrupted sessions over `buckets`, with the Wilson interval."""
     out = []
     for v in dict.fromkeys(r["variant"] for r in rows):
@@ -138,7 +180,13 @@ def pooled(rows, buckets):
     return out
 
 
-def audits(dev, model, buckets, variants, index_dtype="bf16"):
+def audits(
+    dev: "Device",
+    model: Mapping[str, Any],
+    buckets: Sequence[int],
+    variants: Iterable[str],
+    index_dtype: str = "bf16",
+) -> dict[str, "Report"]:
     """The capture audit of every bucket of each variant: {variant: Report}."""
     from nblib.instruments import audit
 
@@ -155,17 +203,17 @@ def audits(dev, model, buckets, variants, index_dtype="bf16"):
 
 
 def step_times(
-    dev,
-    model,
-    buckets,
-    variants,
-    replays=200,
-    warmup=None,
-    index_dtype="bf16",
-    seed=0,
-    measure=None,
-    ctx=None,
-):
+    dev: "Device",
+    model: Mapping[str, Any],
+    buckets: Sequence[int],
+    variants: Sequence[str],
+    replays: int = 200,
+    warmup: int | None = None,
+    index_dtype: str = "bf16",
+    seed: int = 0,
+    measure: Callable[[Callable[[], object]], float] | None = None,
+    ctx: int | None = None,
+) -> list[Row]:
     """Decode-step (graph replay) time per bucket and variant: a full batch of `ctx` entries a
     request (None or 0: half the longest context), `replays` timed replays after `warmup`
     (default: overhead.warmups); median and quartiles in ms.
@@ -214,7 +262,7 @@ def _step_times(dev, model, buckets, variants, replays, warmup, index_dtype, see
     return rows
 
 
-def branch_fns(m, batch):
+def branch_fns(m: Any, batch: build.Batch) -> dict[str, Callable[[], Any]]:
     """The two branches the overlap runs side by side, as calls on one batch: the side branch
     (indexer logits + top-k) and the main branch (trunk + MLP)."""
     tokens, table, lens, _ = batch
@@ -224,7 +272,16 @@ def branch_fns(m, batch):
     return dict(indexer=lambda: m.indexer(q, w, table, lens, None), main=lambda: m.main_branch(x))
 
 
-def branches(dev, model, buckets, replays=50, warmup=None, index_dtype="bf16", seed=0, ctx=None):
+def branches(
+    dev: "Device",
+    model: Mapping[str, Any],
+    buckets: Sequence[int],
+    replays: int = 50,
+    warmup: int | None = None,
+    index_dtype: str = "bf16",
+    seed: int = 0,
+    ctx: int | None = None,
+) -> list[Row]:
     """Each branch timed alone (eager, one stream) on the same full batch as step_times (`ctx`
     entries a request). The overlap can hide at most the shorter one."""
     with phases.phase("timing"):
@@ -257,7 +314,7 @@ SPEED_KEYS = {  # results.json's speed rows: one plain key per variant
 }
 
 
-def speed(times):
+def speed(times: Sequence[Row]) -> list[Row]:
     """Per bucket: each variant's median step (ms, keys of SPEED_KEYS), the overlap's gain
     (off / on - 1) and, per fix, the share of that gain it keeps ((off - fix) / (off - on))."""
     out = []
@@ -276,7 +333,7 @@ def speed(times):
     return out
 
 
-def speed_checks(speed_rows, fixes=FIXES):
+def speed_checks(speed_rows: Sequence[Row], fixes: Iterable[str] = FIXES) -> list[Row]:
     """The overlap is worth keeping (>= HELPS gain at >= HELPS_AT buckets), and each fix keeps at
     least KEEP of the gain where it is, without being more than SPEED_TOLERANCE faster than the buggy
     overlap. Every check is listed, and fails rather than disappears when there is nothing to keep."""
@@ -319,7 +376,14 @@ def speed_checks(speed_rows, fixes=FIXES):
     return out
 
 
-def checks(rows, plan_, reports, speed_rows, fixes=FIXES, gpu_times=True):
+def checks(
+    rows: Sequence[Row],
+    plan_: Mapping[str, Any],
+    reports: Mapping[str, "Report"],
+    speed_rows: Sequence[Row],
+    fixes: Iterable[str] = FIXES,
+    gpu_times: bool = True,
+) -> list[Row]:
     """What the fix must show, checked on the measured data. gpu_times False (the simulator: the
     times are its timing model's, not a GPU's): the speed checks are listed with holds None."""
     pool = {p["variant"]: p for p in pooled(rows, plan_["pooled_buckets"])}
@@ -351,7 +415,7 @@ def checks(rows, plan_, reports, speed_rows, fixes=FIXES, gpu_times=True):
     return out + speed_cks
 
 
-def overlap_story(speed_rows, branch_rows):
+def overlap_story(speed_rows: Iterable[Row], branch_rows: Iterable[Row]) -> tuple[list[Row], str]:
     """Per bucket: what the overlap could hide (the shorter branch alone) and what it did hide
     (overlap off minus buggy overlap); one sentence, saying so when it helps nowhere."""
     br = {r["bucket"]: r for r in branch_rows}
@@ -388,10 +452,11 @@ def overlap_story(speed_rows, branch_rows):
     return rows, text
 
 
-def verdict(cks, plan_, pool_rows):
+def verdict(cks: Sequence[Row], plan_: Mapping[str, Any], pool_rows: Sequence[Row]) -> str:
     bad = [c for c in cks if c["holds"] is False]
     unjudged = [c for c in cks if c["holds"] is None]
-    buggy = next((p for p in pool_rows if p["variant"] == BUGGY), None)
+    # the buggy overlap's row: present whenever it corrupted somewhere (plan_'s racy_buckets)
+    buggy: Any = next((p for p in pool_rows if p["variant"] == BUGGY), None)
     head = (
         "the bug was not reproduced here, so no fix can be proved against it; "
         if not plan_["racy_buckets"]

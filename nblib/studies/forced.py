@@ -4,6 +4,9 @@ on a full batch of long contexts. The buckets are captured as the runner capture
 first, into one shared pool), so the blocks each capture reuses are those the suite's replays meet.
 A hazard the protocol's replays never showed (a latent race) is confirmed or not here, from values."""
 
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
 from pydantic import BaseModel
 
 from nblib.core import phases
@@ -13,6 +16,9 @@ from nblib.engine.workload import WorkloadConfig
 from nblib.instruments import audit
 from nblib.instruments.audit import confirm as audit_confirm
 
+if TYPE_CHECKING:
+    from nblib.backends.device import Device
+
 __all__ = [
     "ForcedArm",
     "ForcedRow",
@@ -21,6 +27,7 @@ __all__ = [
     "confirm_buckets",
     "describe",
     "longest_ctx",
+    "table",
 ]
 
 
@@ -42,11 +49,11 @@ class ForcedRow(BaseModel):
     natural: int  # of `replays` replays without a delay, those that differed
 
     @property
-    def confirmed(self):
+    def confirmed(self) -> bool:
         return self.differing > 0
 
 
-def longest_ctx(workload):
+def longest_ctx(workload: Mapping[str, Any]) -> int:
     """Entries a request holds at the end of its last round: its longest context, where the
     indexer's branch runs longest and the race is lost most often."""
     w = WorkloadConfig(**workload)
@@ -73,7 +80,14 @@ def _bucket(rep, runner, b, recapture=None):
     return audit_confirm.Captured(trace, hazards, g, (out, topk), recapture)
 
 
-def confirm_buckets(dev, shapes, buckets, knobs, ctx, replays) -> list[ForcedRow]:
+def confirm_buckets(
+    dev: "Device",
+    shapes: Mapping[str, Any],
+    buckets: Sequence[int],
+    knobs: Mapping[str, Any],
+    ctx: int | None,
+    replays: int,
+) -> list[ForcedRow]:
     """Every bucket's hazards forced `replays` times (audit_confirm.confirm), one row per hazard."""
     m = build.model(dev, shapes, **knobs)
     with phases.phase("audit"):
@@ -110,11 +124,19 @@ class ForcedArm(BaseModel):
     differing: int
 
     @property
-    def corrupts(self):
+    def corrupts(self) -> bool:
         return self.differing > 0
 
 
-def arm_check(dev, m, runner, report, buckets, ctx, replays) -> ForcedArm:
+def arm_check(
+    dev: "Device",
+    m: Any,
+    runner: Runner,
+    report: audit.Report,
+    buckets: Iterable[int],
+    ctx: int | None,
+    replays: int,
+) -> ForcedArm:
     """The forced order on a design's runner (captured under the recorder: report), bucket by bucket,
     on full batches of `ctx` entries a request (the runner's static batches are refilled)."""
     hazards = schedules = total = differing = 0
@@ -137,14 +159,14 @@ def arm_check(dev, m, runner, report, buckets, ctx, replays) -> ForcedArm:
     )
 
 
-def arms_verdict(arms):
+def arms_verdict(arms: Iterable[tuple[str, ForcedArm | None]]) -> str:
     """One paragraph: under the forced order, which designs corrupt like the arm without instrument
     (what they did to the rate was timing, the race still there) and which do not (layout or
     lifetime took the race away). arms: (design, ForcedArm) pairs, off first."""
-    arms = [(d, f) for d, f in arms if f is not None]
-    if not arms or arms[0][0] != "off":
+    ran = [(d, f) for d, f in arms if f is not None]
+    if not ran or ran[0][0] != "off":
         return ""
-    off = arms[0][1]
+    off = ran[0][1]
     where = ", ".join(map(str, off.buckets)) or "none"
     head = (
         f"Under the forced order (buckets {where}: each hazard's first op delayed past the other, or "
@@ -153,8 +175,8 @@ def arms_verdict(arms):
     )
     if not off.corrupts:
         return head + " The forced order does not corrupt off, so it separates no mechanism here."
-    like = [d for d, f in arms[1:] if f.corrupts]
-    not_ = [d for d, f in arms[1:] if not f.corrupts]
+    like = [d for d, f in ran[1:] if f.corrupts]
+    not_ = [d for d, f in ran[1:] if not f.corrupts]
     s = head
     if like:
         one = len(like) == 1
@@ -178,10 +200,10 @@ def _row(bucket, h, k, natural):
     return ForcedRow(bucket=bucket, kind=h.kind, natural=natural, **sides, **check)
 
 
-def table(rows):
+def table(rows: Iterable[ForcedRow]) -> list[dict[str, Any]]:
     """One row per (bucket, delayed op): the hazards that share that forced schedule, the tensors on
     their other side, and the forced and natural replays that differed from eager."""
-    groups = {}
+    groups: dict[tuple[int, str], list[ForcedRow]] = {}
     for r in rows:
         groups.setdefault((r.bucket, r.delayed), []).append(r)
     return [
@@ -199,7 +221,7 @@ def table(rows):
     ]
 
 
-def describe(rows, corrupted_buckets=()):
+def describe(rows: Sequence[ForcedRow], corrupted_buckets: Iterable[int] = ()) -> str:
     """One paragraph: which delayed ops change values under the forced order, in which buckets, the
     latent ones among them (corrupted_buckets: those whose protocol replays corrupted)."""
     if not rows:
@@ -213,7 +235,7 @@ def describe(rows, corrupted_buckets=()):
     )
     if not yes:
         return s + ": no value depends on the orders the audit names."
-    ops = {}
+    ops: dict[tuple[str, str], list[int]] = {}
     for r in yes:
         ops.setdefault((r["delayed"].split(" (")[0], r["reads_or_writes"]), []).append(r["bucket"])
     s += ": " + "; ".join(f"{op} on {t_} delayed (bucket{'s' * (len(bs) > 1)} {', '.join(map(str, bs))})"

@@ -9,12 +9,17 @@ counts the natural replays that differ with the instrument in the graph. The fix
 hazard and stay equal to eager under every forced order."""
 
 import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel
 
 from nblib.instruments.audit import target as audit_target
 from nblib.instruments.probes import Differential
 from nblib.studies.engines import in_repository
+
+if TYPE_CHECKING:
+    from nblib.backends.device import Device
 
 __all__ = ["FORMS", "MODELS", "MethodRow", "run_all", "run_one", "spec", "verdict"]
 
@@ -23,7 +28,7 @@ FORMS = ("buggy", "record_stream")  # the race, and the fix: the allocator holds
 EXAMPLE = "examples/audit/hf_moe.py"
 
 
-def spec(model, form):
+def spec(model: str, form: str) -> str:
     """The TARGET of one form, as a user types it."""
     return f"{EXAMPLE}:{model}" + ("" if form == "buggy" else f"_{form}")
 
@@ -45,7 +50,7 @@ class MethodRow(BaseModel):
     seconds: float
 
 
-def run_one(dev, model, form, replays, design="main_stash") -> MethodRow:
+def run_one(dev: "Device", model: str, form: str, replays: int, design: str = "main_stash") -> MethodRow:
     """Audit with --confirm, then the probe differential on a fresh build of the same form."""
     t0 = time.perf_counter()
     target = spec(model, form)
@@ -72,7 +77,12 @@ def run_one(dev, model, form, replays, design="main_stash") -> MethodRow:
     )
 
 
-def run_all(devs, replays, design="main_stash", progress=print):
+def run_all(
+    devs: Iterable["Device"],
+    replays: int,
+    design: str = "main_stash",
+    progress: Callable[[str], object] | None = print,
+) -> list[MethodRow]:
     rows = []
     for dev in devs:
         for model in MODELS:
@@ -88,7 +98,7 @@ def _n(frac):
     return int(frac.split("/")[0])
 
 
-def verdict(rows):
+def verdict(rows: Sequence[MethodRow]) -> str:
     """One paragraph from the rows, per backend: the race named, proved under the forced order, what
     the replays showed without and with the probes, and the fix's proof."""
     return " ".join(

@@ -14,12 +14,29 @@ buffers per micro-batch gives each side stream its own bytes, and the audit find
     rows = microbatch.rows(runs); microbatch.verdict(runs)
 """
 
-from typing import NamedTuple
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
 from nblib.engine import build
+from nblib.engine.model import DecodeModel
 from nblib.instruments.audit import target as audit_target
+
+if TYPE_CHECKING:
+    from nblib.backends.device import Device
+
+__all__ = [
+    "CTX",
+    "LAYOUTS",
+    "MICRO_BATCHES",
+    "Audited",
+    "OverlappedStep",
+    "audits",
+    "rows",
+    "step",
+    "verdict",
+]
 
 LAYOUTS = {
     "shared": "one model-wide set of persistent buffers, keyed by stream role and bucket",
@@ -32,13 +49,13 @@ CTX = 256  # entries a request: the audit reads what a capture touches, not how 
 class OverlappedStep:
     """Both micro-batches' decode steps, each on its own stream, into persistent outputs."""
 
-    def __init__(self, dev, models, batches_):
+    def __init__(self, dev: "Device", models: Sequence[DecodeModel], batches_: Sequence[build.Batch]):
         self.dev, self.models, self.batches = dev, models, batches_
         self.streams = [dev.Stream() for _ in models]
         d, width = dev.torch_device, models[0].cfg.d_model
         self.outs = [torch.empty(len(b.tokens), width, dtype=torch.bfloat16, device=d) for b in batches_]
 
-    def __call__(self):
+    def __call__(self) -> None:
         cap = self.dev.current_stream()
         for s in self.streams:
             s.wait_stream(cap)
@@ -50,7 +67,7 @@ class OverlappedStep:
             cap.wait_stream(s)
 
 
-def step(dev, shapes, bucket, layout):
+def step(dev: "Device", shapes: Mapping[str, Any], bucket: int, layout: str) -> OverlappedStep:
     """The overlapped step of two micro-batches of `bucket` requests each, with the buffers laid
     out as `layout` says (LAYOUTS), built and run once eagerly (the warm-up a capture needs)."""
     if layout not in LAYOUTS:
@@ -64,7 +81,7 @@ def step(dev, shapes, bucket, layout):
         for m in models[1:]:
             m.buffers = models[0].buffers
     for m in models:
-        m.bucket = bucket
+        m.bucket = bucket  # type: ignore[assignment]  # DecodeModel declares `bucket = None` untyped
         m.prepare(bucket)
     fn = OverlappedStep(dev, models, [build.full_batch(m, bucket, ctx=CTX) for m in models])
     fn()
@@ -79,7 +96,7 @@ class Audited(NamedTuple):
     buffers: dict[str, str]
 
 
-def audits(dev, shapes, bucket):
+def audits(dev: "Device", shapes: Mapping[str, Any], bucket: int) -> dict[str, Audited]:
     """The capture audit of the overlapped step in each layout: {layout: Audited}."""
     out = {}
     for layout in LAYOUTS:
@@ -101,7 +118,7 @@ def _named(run, hazard):
     return run.buffers.get(hazard.addr, hazard.first.tensor.name)
 
 
-def rows(runs):
+def rows(runs: Mapping[str, Audited]) -> list[dict[str, Any]]:
     """One row per layout: the audit's status, its hazards' kinds, the bytes and the streams."""
     out = []
     for layout, run in runs.items():
@@ -119,7 +136,7 @@ def rows(runs):
     return out
 
 
-def verdict(runs):
+def verdict(runs: Mapping[str, Audited]) -> str:
     """One sentence: whether the shared buffer races between the micro-batches, and the fix."""
     shared, own = runs["shared"], runs["per micro-batch"]
     waw = [h for h in shared.report.hazards if h.kind == "write-after-write"]

@@ -1,18 +1,23 @@
 """Stream-overlap toggles: corruption rates and the capture audit's verdict, configuration by configuration.
 
-    rows, reports = overlap.toggles(dev, model, buckets, workload, index_dtypes, overlaps, policies)
+    measured = overlap.measured_matrix(reproduced, model, buckets, wl, dtypes, overlaps, policies[0])
+    rows, reports = overlap.toggles(dev, model, buckets, wl, dtypes, overlaps, policies, measured=measured)
     checks = overlap.checks(rows); overlap.verdict(checks, rows)
+    hazards = overlap.hazard_rows(reports)  # every racy configuration's hazards, as OverlapHazard
 
 A configuration is (logits policy, index dtype, overlap); each is captured for every bucket. The
 corruption rate comes from replaying the agentic workload (nblib.studies.reproduce.corruption_matrix,
 graph mode); the audit reads one more capture of the same configuration (nblib.instruments.audit),
-replaying nothing.
+replaying nothing. Notebook 00's replays stand in for the first policy's when they are the same runs
+(measured_matrix): `reproduced` is 00's results (nblib.schema.results.Reproduce00, a Reproduced).
 """
 
 import gc
-import json
 import time
-from pathlib import Path
+from collections.abc import Sequence
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
 
 from nblib.core import phases, results
 from nblib.engine import build
@@ -21,7 +26,57 @@ from nblib.engine.runner import Runner
 from nblib.instruments import audit
 from nblib.instruments.audit import graph_check as audit_graph
 from nblib.instruments.audit import zoo as audit_zoo
+from nblib.instruments.audit.hazards import HazardRow
 from nblib.studies import reproduce
+
+__all__ = [
+    "GRAPH_COLUMNS",
+    "Configuration",
+    "MatrixRow",
+    "OverlapHazard",
+    "Reproduced",
+    "audit_model",
+    "checks",
+    "graph_rows",
+    "graph_verdict",
+    "hazard_rows",
+    "measured_matrix",
+    "telling_hazard",
+    "toggles",
+    "verdict",
+    "zoo_rows",
+]
+
+
+class Configuration(BaseModel):
+    """What notebook 03 toggles: the logits policy, the index dtype and the overlap."""
+
+    model_config = ConfigDict(extra="forbid")
+    logits_policy: str
+    index_dtype: str
+    overlap: str
+
+
+class Captured(Configuration):
+    """One configuration's capture of one bucket."""
+
+    bucket: int
+
+
+class OverlapHazard(HazardRow, Captured):
+    """One hazard the capture audit named (a HazardRow), after the configuration and bucket of the
+    capture it was named in: those fields first, as notebook 03's table shows them."""
+
+
+def hazard_rows(reports) -> list[OverlapHazard]:
+    """The hazards of every racy configuration of toggles' reports, one per capture, tensor pair and op
+    pair (Report.rows), each with its configuration."""
+    return [
+        OverlapHazard(logits_policy=policy, index_dtype=dtype, overlap=ov, **row)
+        for (policy, dtype, ov), rep in reports.items()
+        if not rep.ok
+        for row in rep.rows()
+    ]
 
 
 def audit_model(dev, model, buckets, index_dtype, overlap, logits_policy, keep_graph=False):
@@ -100,18 +155,63 @@ def _pair(r):
     return f"{r['first_tensor']} ({r['first_stream']}) / {r['second_tensor']} ({r['second_stream']})"
 
 
-def measured_matrix(output_dir, model, buckets, workload, index_dtypes, overlaps, logits_policy):
-    """Notebook 00's graph-mode rows from `output_dir` when that run finished ok on this very commit
-    with these parameters (the suite runs 00 first); else None, and the toggles replay it themselves.
-    The same runs then back both notebooks, and the suite does not pay for them twice."""
-    path = Path(output_dir) / "00_reproduce.results.json"
-    if not path.exists():
+class MatrixRow(BaseModel):
+    """One row of notebook 00's symptom matrix (nblib.studies.reproduce.corruption_matrix, rates added):
+    one (index dtype, mode, overlap, bucket) replayed over the workload."""
+
+    model_config = ConfigDict(extra="forbid")
+    index_dtype: str
+    mode: str
+    overlap: str
+    bucket: int
+    sessions: int
+    corrupted_sessions: int
+    steps: int
+    corrupted_steps: int
+    tail_steps: int
+    tail_corrupted_steps: int
+    buckets_replayed: list[int]  # the buckets the engine actually replayed while pinned to this one
+    session_rate: float
+    session_lo: float  # the Wilson interval's bounds
+    session_hi: float
+    step_rate: float
+    step_lo: float
+    step_hi: float
+
+
+class Reproduced(BaseModel):
+    """What notebook 03 reads of notebook 00's results: whether it finished, on which commit, with which
+    parameters, and its symptom matrix. nblib.schema.results.Reproduce00, the model of 00's whole file,
+    is one (it adds the rest of the file)."""
+
+    model_config = ConfigDict(extra="forbid")
+    status: Literal["running", "ok"]
+    commit: str
+    # the profile keys 00 declares, defaults applied (Reproduce00 types each value: ParamValue)
+    params: dict[str, Any]
+    matrix: list[MatrixRow] | None = None  # None: the run stopped before its matrix
+
+
+def measured_matrix(
+    reproduced: Reproduced | None,
+    model: dict,
+    buckets: Sequence[int],
+    workload: dict,
+    index_dtypes: Sequence[str],
+    overlaps: Sequence[str],
+    logits_policy: str,
+) -> list[dict] | None:
+    """Notebook 00's graph-mode rows when its run (`reproduced`, a Reproduced; None: none in the output
+    folder) finished ok on this very commit with these parameters (the suite runs 00 first, in 03's
+    lane); else None, and the toggles replay it themselves. The same runs then back both notebooks,
+    and the suite does not pay for them twice."""
+    if reproduced is None:
         return None
-    r = json.loads(path.read_text())
-    p, here = r.get("params", {}), results.commit()
+    p, here = reproduced.params, results.commit()
     same = (
-        r.get("status") == "ok"
-        and r.get("commit") == here
+        reproduced.status == "ok"
+        and reproduced.matrix is not None
+        and reproduced.commit == here
         and here != "unknown"
         and p.get("model") == model
         and p.get("buckets") == list(buckets)
@@ -121,7 +221,7 @@ def measured_matrix(output_dir, model, buckets, workload, index_dtypes, overlaps
         and set(index_dtypes) <= set(p.get("index_dtypes", []))
         and set(overlaps) <= set(p.get("overlaps", []))
     )
-    return [m for m in r["matrix"] if m["mode"] == "graph"] if same else None
+    return [m.model_dump() for m in reproduced.matrix if m.mode == "graph"] if same else None
 
 
 def toggles(
@@ -144,8 +244,9 @@ def toggles(
             dts = index_dtypes if i == 0 else [d for d in index_dtypes if d in HANDS_LOGITS_ACROSS]
             matrix = []
             if ovs and dts:
-                args = (dev, model, buckets, workload, dts, ["graph"], ovs, policy)
-                matrix, _ = reproduce.corruption_matrix(*args, progress=progress)
+                knobs = reproduce.Knobs(dts, ["graph"], ovs, policy)
+                found = reproduce.corruption_matrix(dev, model, buckets, workload, knobs, progress=progress)
+                matrix = found.rows
         for dtype in index_dtypes:
             for ov in overlaps:
                 keep = ov == "on"  # the forked captures are read back and cross-checked

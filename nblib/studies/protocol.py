@@ -17,13 +17,43 @@ would: over-dispersion, as when a few steps corrupt many sessions at once.
     proto.pooled.rate, proto.dispersion_p
 """
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 from scipy.stats import chi2_contingency
 
 from nblib.core import stats
-from nblib.engine.workload import WorkloadConfig, run_sessions
+from nblib.engine.runner import Runner
+from nblib.engine.workload import Instrument, WorkloadConfig, run_sessions
+
+__all__ = [
+    "RACY",
+    "Block",
+    "BucketSteps",
+    "ConfigProtocol",
+    "Pooled",
+    "Protocol",
+    "ProtocolRun",
+    "between_blocks_p",
+    "block",
+    "block_rows",
+    "blocks_verdict",
+    "bucket_rows",
+    "concurrency",
+    "configurations",
+    "describe",
+    "dispersion_p",
+    "fingerprint_rows",
+    "headline",
+    "homogeneity_p",
+    "pool",
+    "pool_buckets",
+    "run",
+    "seeds",
+    "summarise",
+    "verdict",
+]
 
 
 class BucketSteps(BaseModel):
@@ -50,7 +80,7 @@ class ProtocolRun(BaseModel):
     buckets: list[BucketSteps]
 
     @property
-    def rate(self):
+    def rate(self) -> float:
         return self.corrupted_sessions / self.sessions if self.sessions else 0.0
 
 
@@ -89,14 +119,14 @@ class Protocol(BaseModel):
     blocks: list[Block] = []  # the same protocol from other base seeds (seed_blocks), this one's first
 
 
-def seeds(base, n):
+def seeds(base: int, n: int) -> list[int]:
     """n run seeds from `base`: each is the workload's seed and the replay-timing seed of one run."""
     if n < 1:
         raise ValueError(f"the protocol needs at least one run, got {n}")
     return [base + i for i in range(n)]
 
 
-def concurrency(workload, buckets):
+def concurrency(workload: Mapping[str, Any], buckets: Iterable[int]) -> int:
     """Every session decodes together, up to the largest captured bucket (the engine's batch limit)."""
     return min(workload["sessions"], max(buckets))
 
@@ -130,7 +160,7 @@ def _one(runner, workload, seed, instruments):
     )
 
 
-def homogeneity_p(counts):
+def homogeneity_p(counts: Iterable[tuple[int, int]]) -> float:
     """Pearson's chi-square test that every (corrupted, total) pair of `counts` shares one rate
     (scipy.stats.chi2_contingency, no continuity correction); 1.0 where there is no spread to test."""
     table = [[k, n - k] for k, n in counts]
@@ -141,12 +171,12 @@ def homogeneity_p(counts):
     return float(chi2_contingency(table, correction=False).pvalue)
 
 
-def dispersion_p(runs):
+def dispersion_p(runs: Iterable[ProtocolRun]) -> float:
     """The binomial dispersion test over the runs: homogeneity_p of their corrupted sessions."""
     return homogeneity_p([(r.corrupted_sessions, r.sessions) for r in runs])
 
 
-def pool(runs):
+def pool(runs: Sequence[ProtocolRun]) -> Pooled:
     k, n = sum(r.corrupted_sessions for r in runs), sum(r.sessions for r in runs)
     rate = stats.rate(k, n)
     return Pooled(
@@ -154,9 +184,10 @@ def pool(runs):
     )
 
 
-def pool_buckets(runs) -> list[BucketSteps]:
+def pool_buckets(runs: Iterable[ProtocolRun]) -> list[BucketSteps]:
     """Each bucket's steps and corrupted steps, summed over the runs, by bucket."""
-    steps, bad = {}, {}
+    steps: dict[int, int] = {}
+    bad: dict[int, int] = {}
     for r in runs:
         for b in r.buckets:
             steps[b.bucket] = steps.get(b.bucket, 0) + b.steps
@@ -164,7 +195,7 @@ def pool_buckets(runs) -> list[BucketSteps]:
     return [BucketSteps(bucket=b, steps=steps[b], corrupted_steps=bad[b]) for b in sorted(steps)]
 
 
-def summarise(runs):
+def summarise(runs: list[ProtocolRun]) -> Protocol:
     return Protocol(
         runs=runs,
         pooled=pool(runs),
@@ -175,7 +206,7 @@ def summarise(runs):
     )
 
 
-def bucket_rows(p: Protocol) -> list[dict]:
+def bucket_rows(p: Protocol) -> list[dict[str, Any]]:
     """Table rows: each bucket's pooled steps, corrupted steps and the per-step rate with its Wilson
     95% interval."""
     rows = []
@@ -186,13 +217,13 @@ def bucket_rows(p: Protocol) -> list[dict]:
 
 
 def run(
-    runner,
-    workload,
-    seeds,
-    instruments: Callable[[int], list] | None = None,
-    progress=print,
-    label="",
-):
+    runner: Runner,
+    workload: Mapping[str, Any],
+    seeds: Iterable[int],
+    instruments: Callable[[int], Sequence[Instrument]] | None = None,
+    progress: Callable[[str], object] | None = print,
+    label: str = "",
+) -> Protocol:
     """The protocol on `runner` (captured once), one run per seed. instruments(seed) gives the
     instruments of one run (fresh each run, so their records are that run's)."""
     runs = []
@@ -207,7 +238,7 @@ def run(
     return summarise(runs)
 
 
-def block(base_seed, p: Protocol) -> Block:
+def block(base_seed: int, p: Protocol) -> Block:
     """p, the protocol run from seeds(base_seed, n), as a seed block."""
     return Block(
         base_seed=base_seed,
@@ -218,12 +249,12 @@ def block(base_seed, p: Protocol) -> Block:
     )
 
 
-def between_blocks_p(blocks):
+def between_blocks_p(blocks: Iterable[Block]) -> float:
     """Whether the seed blocks share one session rate: homogeneity_p of their pooled counts."""
     return homogeneity_p([(b.pooled.corrupted_sessions, b.pooled.sessions) for b in blocks])
 
 
-def block_rows(blocks) -> list[dict]:
+def block_rows(blocks: Iterable[Block]) -> list[dict[str, Any]]:
     """Table rows: one per seed block, its runs, pooled rate and interval, the dispersion p."""
     return [
         dict(
@@ -240,7 +271,7 @@ def block_rows(blocks) -> list[dict]:
     ]
 
 
-def blocks_verdict(blocks):
+def blocks_verdict(blocks: Sequence[Block]) -> str:
     """One sentence: each block's pooled rate and run range, whether the runs of each block agree,
     and whether the blocks agree with each other."""
     if len(blocks) < 2:
@@ -267,7 +298,7 @@ def blocks_verdict(blocks):
     return f"{head} {each}. {within}; {between}."
 
 
-def describe(p: Protocol):
+def describe(p: Protocol) -> str:
     """One sentence: the runs, the pooled rate and what the spread says."""
     each = ", ".join(f"{r.corrupted_sessions}/{r.sessions}" for r in p.runs)
     rows = [r.rows_per_corrupted_step for r in p.runs if r.rows_per_corrupted_step is not None]
@@ -296,7 +327,7 @@ class ConfigProtocol(BaseModel):
     protocol: Protocol
 
     @property
-    def holds(self):
+    def holds(self) -> bool:
         k = self.protocol.pooled.corrupted_sessions
         return k > 0 if self.expected == "corrupts" else k == 0
 
@@ -304,7 +335,9 @@ class ConfigProtocol(BaseModel):
 RACY = ("bf16", "graph", "on")
 
 
-def configurations(index_dtypes, modes, overlaps):
+def configurations(
+    index_dtypes: Iterable[str], modes: Sequence[str], overlaps: Sequence[str]
+) -> list[tuple[str, str, str]]:
     """The corrupting configuration and each configuration one knob away from it (the campaign's
     toggles), among those the profile lists: the ones the protocol runs."""
     out = []
@@ -314,7 +347,7 @@ def configurations(index_dtypes, modes, overlaps):
     return out
 
 
-def fingerprint_rows(checks):
+def fingerprint_rows(checks: Iterable[ConfigProtocol]) -> list[dict[str, Any]]:
     """Table rows: one per configuration, its runs, pooled rate and interval, the dispersion p."""
     return [
         dict(
@@ -336,12 +369,12 @@ def fingerprint_rows(checks):
     ]
 
 
-def headline(checks):
+def headline(checks: Iterable[ConfigProtocol]) -> ConfigProtocol | None:
     """The corrupting configuration's ConfigProtocol, or None when the profile leaves it out."""
     return next((c for c in checks if c.expected == "corrupts"), None)
 
 
-def verdict(checks):
+def verdict(checks: Sequence[ConfigProtocol]) -> str:
     """One sentence for the notebook's verdict: the corrupting configuration's protocol, and
     whether each one-knob change stayed clean."""
     h = headline(checks)

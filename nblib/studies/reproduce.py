@@ -9,6 +9,9 @@ compared with the eager single-stream reference; rates come with Wilson 95% inte
 
 import gc
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from nblib.core import stats
 from nblib.engine import build, references
@@ -17,54 +20,69 @@ from nblib.engine.runner import MODES, Runner, check_buckets
 from nblib.studies import protocol
 
 
-def check_matrix_args(index_dtypes, modes, overlaps, buckets, logits_policy="transient"):
+class Knobs(NamedTuple):
+    """The configurations a matrix runs: every index dtype x overlap x mode, under one logits policy."""
+
+    index_dtypes: Sequence[str] = INDEX_DTYPES
+    modes: Sequence[str] = MODES
+    overlaps: Sequence[str] = OVERLAPS
+    logits_policy: str = "transient"
+
+
+EVERY_KNOB = Knobs()  # every index dtype, mode and overlap; logits transient (the race's policy)
+
+
+def check_matrix_args(knobs: Knobs, buckets):
     """Validate every choice up front: a typo fails in one line, before anything is allocated."""
-    for d in index_dtypes:
+    for d in knobs.index_dtypes:
         check_choice("index dtype", d, INDEX_DTYPES)
-    for m in modes:
+    for m in knobs.modes:
         check_choice("mode", m, MODES)
-    for o in overlaps:
+    for o in knobs.overlaps:
         check_choice("overlap mode", o, OVERLAPS)
-    check_choice("logits policy", logits_policy, LOGITS_POLICIES)
+    check_choice("logits policy", knobs.logits_policy, LOGITS_POLICIES)
     return check_buckets(buckets)
 
 
+@dataclass
+class Matrix:
+    """What corruption_matrix measured.
+
+    rows: one per configuration and bucket (its session and step counts, the buckets replayed).
+    aliases: per graph capture, the tensors that shared bytes across streams.
+    window_steps: every step replayed in its own bucket's graph with overlap on (index dtype,
+        bucket, the batch's longest and total context, rows, corrupted rows): the data behind the
+        race's window (window_table).
+    protocols: protocol.ConfigProtocol, one per configuration protocol.configurations() picks, each
+        run on the same graphs for the protocol's seeds (empty without them)."""
+
+    rows: list[dict] = field(default_factory=list)
+    aliases: list[dict] = field(default_factory=list)
+    window_steps: list[dict] = field(default_factory=list)
+    protocols: list[protocol.ConfigProtocol] = field(default_factory=list)
+
+
 def corruption_matrix(
-    dev,
-    model,
-    buckets,
-    workload,
-    index_dtypes=INDEX_DTYPES,
-    modes=MODES,
-    overlaps=OVERLAPS,
-    logits_policy="transient",
-    progress=print,
-    window=None,
-    protocol_seeds=(),
-    protocols=None,
-):
-    """Run every configuration; returns (rows, aliases). `model`, `workload`: dicts of config values.
-    window: a list to extend with every step replayed in its own bucket's graph with overlap on
-    (index dtype, bucket, the batch's longest and total context, rows, corrupted rows): the data
-    behind the race's window. protocols: a list to extend with protocol.ConfigProtocol, one per
-    configuration protocol.configurations() picks, each run on the same graphs for protocol_seeds."""
-    buckets = check_matrix_args(index_dtypes, modes, overlaps, buckets, logits_policy)
-    if protocols is not None and not protocol_seeds:
-        raise ValueError("protocols asked for without protocol_seeds: give protocol.seeds(seed, runs)")
-    wanted = protocol.configurations(index_dtypes, modes, overlaps)
-    rows, aliases = [], []
-    for dtype in index_dtypes:
-        for overlap in overlaps:
-            m = build.model(dev, model, index_dtype=dtype, overlap=overlap, logits_policy=logits_policy)
-            for mode in modes:
+    dev, model, buckets, workload, knobs=EVERY_KNOB, protocol_seeds=(), progress=None
+) -> Matrix:
+    """Run every configuration of `knobs` on each bucket. `model`, `workload`: dicts of config values.
+    protocol_seeds: the protocol's seeds (protocol.seeds(seed, runs)); none: no protocol is run.
+    progress: called with a line per configuration (and the protocol's lines) as each finishes."""
+    buckets = check_matrix_args(knobs, buckets)
+    wanted = protocol.configurations(knobs.index_dtypes, knobs.modes, knobs.overlaps)
+    out = Matrix()
+    for dtype in knobs.index_dtypes:
+        for overlap in knobs.overlaps:
+            m = build.model(dev, model, index_dtype=dtype, overlap=overlap, logits_policy=knobs.logits_policy)
+            for mode in knobs.modes:
                 t0 = time.perf_counter()
                 runner = Runner(m, buckets, mode, references=references.shared()).capture()
                 if mode == "graph":
-                    aliases += [dict(index_dtype=dtype, overlap=overlap, **a) for a in runner.aliases()]
+                    out.aliases += [dict(index_dtype=dtype, overlap=overlap, **a) for a in runner.aliases()]
                 for b in buckets:
-                    r, counts = build.bucket_run(runner, workload, b)
-                    if window is not None and mode == "graph" and overlap == "on":
-                        window += [
+                    run, counts = build.bucket_run(runner, workload, b)
+                    if mode == "graph" and overlap == "on":
+                        out.window_steps += [
                             dict(
                                 index_dtype=dtype,
                                 bucket=b,
@@ -73,25 +91,25 @@ def corruption_matrix(
                                 bs=s["bs"],
                                 bad_rows=s["bad_rows"],
                             )
-                            for s in r["step_log"]
+                            for s in run["step_log"]
                             if s["bucket"] == b
                         ]
-                    rows.append(
+                    out.rows.append(
                         dict(
                             index_dtype=dtype,
                             mode=mode,
                             overlap=overlap,
                             bucket=b,
                             **counts,
-                            buckets_replayed=sorted({s["bucket"] for s in r["step_log"]}),
+                            buckets_replayed=sorted({s["bucket"] for s in run["step_log"]}),
                         )
                     )
-                if protocols is not None and (dtype, mode, overlap) in wanted:
-                    protocols.append(
-                        _protocol(runner, workload, protocol_seeds, (dtype, mode, overlap), progress)
+                if protocol_seeds and (dtype, mode, overlap) in wanted:
+                    out.protocols.append(
+                        config_protocol(runner, workload, protocol_seeds, (dtype, mode, overlap), progress)
                     )
                 if progress:
-                    bad = [(x["bucket"], x["corrupted_sessions"]) for x in rows[-len(buckets) :]]
+                    bad = [(r["bucket"], r["corrupted_sessions"]) for r in out.rows[-len(buckets) :]]
                     progress(
                         f"{dtype:4s} {mode:5s} overlap={overlap:3s}  corrupted sessions by "
                         f"bucket {bad}  ({time.perf_counter() - t0:.1f} s)"
@@ -100,10 +118,11 @@ def corruption_matrix(
                 gc.collect()
             del m
             gc.collect()
-    return rows, aliases
+    return out
 
 
-def _protocol(runner, workload, seeds, cfg, progress):
+def config_protocol(runner, workload, seeds, cfg, progress):
+    """The protocol on one configuration's captured runner; cfg: (index dtype, mode, overlap)."""
     label = "/".join(cfg) + " "
     p = protocol.run(runner, workload, seeds, progress=progress, label=label)
     expected = "corrupts" if cfg == protocol.RACY else "clean"

@@ -9,6 +9,9 @@ measured:
     found = window.search(dev, profile, window.Ask(depths=(8, 40)), source="params/gpu.yaml")
     found.choice.depth, found.points          # None when no depth gives an intermittent rate
 
+`python -m nblib window` (nblib.run.window_command) parses the command line, prints each point and
+writes the tuned profile (nblib.schema.tuned); this module only searches.
+
 Every probed depth builds the model and captures its graphs once, then runs the protocol
 (nblib.studies.protocol: every session decoding together, every step counted) for `runs` seeds,
 fewer than the suite runs: enough to tell a rate above the band from one below it. The search:
@@ -28,17 +31,13 @@ points are the evidence.
 """
 
 import gc
-import re
-import textwrap
 import time
 from collections.abc import Callable
 from typing import Literal, NamedTuple
 
-import yaml
 from pydantic import BaseModel, Field, model_validator
 
 from nblib.core import stats
-from nblib.core.files import write_text
 from nblib.engine import build
 from nblib.engine.runner import Runner
 from nblib.studies import protocol
@@ -115,10 +114,15 @@ class Point(BaseModel):
         return cls(depth=depth, kind=kind, side=side, protocol=p, setup_s=setup_s, runs_s=runs_s)
 
     def line(self):
-        return (
-            f"depth {self.depth:3d}: {sessions(self.k, self.n)}, {self.side:6s} "
-            f"({self.kind}, {self.seeds()}; {self.setup_s + self.runs_s:.1f} s)"
+        return point_line(
+            self.depth, self.k, self.n, self.side, self.kind, self.seeds(), self.setup_s + self.runs_s
         )
+
+
+def point_line(depth, k, n, side, kind, seeds, seconds):
+    """One measurement as the search reports it: 'depth  30: 61/200 sessions [24.5%, 37.2%], inside
+    (confirm, seeds 0-4; 2.1 s)'."""
+    return f"depth {depth:3d}: {sessions(k, n)}, {side:6s} ({kind}, {seeds}; {seconds:.1f} s)"
 
 
 def sessions(k, n):
@@ -155,43 +159,6 @@ class Search(BaseModel):
         return self.choice.depth is not None
 
 
-def parse_range(text):
-    """'LO:HI' as two whole depths, 0 <= LO < HI; a one-line error otherwise."""
-    lo, sep, hi = str(text).partition(":")
-    try:
-        lo, hi = int(lo), int(hi)
-    except ValueError:
-        lo = hi = -1
-    if not sep or not 0 <= lo < hi:
-        raise ValueError(f"--depths must be LO:HI, two trunk depths, 0 <= LO < HI (e.g. 8:40), got {text!r}")
-    return lo, hi
-
-
-def parse_band(text):
-    """'LO:HI' as two rates, 0 <= LO < HI <= 1 (e.g. 0.1:0.4); a one-line error otherwise."""
-    lo, sep, hi = str(text).partition(":")
-    try:
-        return Band(lo=float(lo), hi=float(hi))
-    except ValueError:
-        raise ValueError(
-            f"--band must be LO:HI, two rates with 0 <= LO < HI <= 1 (e.g. 0.1:0.4), got {text!r}"
-        ) from None
-
-
-def make_ask(depths, band, runs, profile):
-    """An Ask from the command line's values (depths None: the default range), for a loaded
-    profile; each bad value fails in one line, before anything is built."""
-    check_profile(profile)
-    if not isinstance(runs, int) or runs < 1:
-        raise ValueError(f"--runs must be a whole number of protocol runs, at least 1, got {runs!r}")
-    return Ask(
-        depths=parse_range(depths) if depths is not None else None,
-        band=parse_band(band),
-        runs=runs,
-        confirm_runs=profile["protocol_runs"],
-    )
-
-
 def check_profile(profile):
     """The search measures the race: bf16 + graph + overlap on with transient logits (the suite's
     headline). A profile without it has no window to find; say so before anything is built."""
@@ -217,14 +184,6 @@ def default_range(depth):
     return (lo, max(2 * depth, lo + 8)), max(4 * depth, 64)
 
 
-def device_slug(dev):
-    """The name in params/local-<slug>.yaml: 'sim' on the simulator, else the GPU's name in lower
-    case with each run of other characters as one '-' (NVIDIA GeForce RTX 4090: nvidia-geforce-rtx-4090)."""
-    if dev.name == "sim":
-        return "sim"
-    return re.sub(r"[^a-z0-9]+", "-", dev.device_name().lower()).strip("-") or "gpu"
-
-
 class Seeds(NamedTuple):
     """The confirm's seeds are the suite's protocol's (notebook 00's: the profile's seed and
     protocol_runs); the search's follow them, so a confirm never repeats what the search saw."""
@@ -237,16 +196,13 @@ class Seeds(NamedTuple):
         return cls(protocol.seeds(base + ask.confirm_runs, ask.runs), protocol.seeds(base, ask.confirm_runs))
 
 
-def say(line):
-    print(line, flush=True)  # each point as it is measured, also when the output is a pipe or a log
-
-
 class Prober:
     """measure(depth, kind): the protocol at one depth. The model and its graphs are built once a
     depth and kept for the next call, so a confirm right after its search reuses them; the
-    previous depth's are dropped before the next is built (one model's memory at a time)."""
+    previous depth's are dropped before the next is built (one model's memory at a time).
+    progress: called with each point as it is measured (None: nothing is reported)."""
 
-    def __init__(self, dev, profile, ask: Ask, progress=say):
+    def __init__(self, dev, profile, ask: Ask, progress=None):
         self.dev, self.profile, self.band, self.progress = dev, profile, ask.band, progress
         self.seeds = Seeds.of(profile["seed"], ask)
         self._held = None  # (depth, runner)
@@ -258,7 +214,7 @@ class Prober:
         p = protocol.run(runner, self.profile["workload"], getattr(self.seeds, kind), progress=None)
         point = Point.of(depth, kind, p, self.band, round(t1 - t0, 2), round(time.perf_counter() - t1, 2))
         if self.progress:
-            self.progress(point.line())
+            self.progress(point)
         return point
 
     def _runner(self, depth):
@@ -402,8 +358,9 @@ def no_window(latest, band, stopped=False):
     return Choice(depth=None, direction=None, reason=f"no depth gives an intermittent rate: {why}.")
 
 
-def search(dev, profile, ask: Ask, source="", progress=say):
-    """The search on `dev` for a loaded profile (nblib.schema.params.load); see the module docstring."""
+def search(dev, profile, ask: Ask, source="", progress=None):
+    """The search on `dev` for a loaded profile (nblib.schema.params.load); see the module docstring.
+    progress: called with each Point as it is measured."""
     check_profile(profile)
     near = profile["model"]["trunk_layers"]
     (lo, hi), widen_to = (ask.depths, None) if ask.depths else default_range(near)
@@ -425,41 +382,3 @@ def search(dev, profile, ask: Ask, source="", progress=say):
         choice=choice,
         seconds=round(time.perf_counter() - t0, 1),
     )
-
-
-def command(found: Search):
-    """The command line that repeats this search (the range when it was given, the band when not
-    the default)."""
-    words = ["python -m nblib window --params", found.source, "--runs", str(found.runs)]
-    if found.widen_to is None:
-        words += ["--depths", f"{found.depths[0]}:{found.depths[1]}"]
-    if found.band != Band():
-        words += ["--band", f"{found.band.lo:g}:{found.band.hi:g}"]
-    return " ".join(words)
-
-
-def render(raw, shapes, found: Search, commit="unknown"):
-    """The input profile (its file's mapping, `raw`) with the model's shapes written out in full and
-    trunk_layers the chosen depth, under a header that gives the probe's points."""
-    if not found.found:
-        raise ValueError("no depth was chosen: nothing to write")
-    data = {**raw, "model": {**shapes, "trunk_layers": found.choice.depth}}
-    head = [
-        f"{found.source} tuned for {found.device}: trunk_layers {found.choice.depth} where it has "
-        f"{shapes['trunk_layers']}, chosen by `{command(found)}` at commit {commit}.",
-        f"The race is intermittent where the protocol corrupts {found.band.text()} of sessions. "
-        + found.choice.reason,
-        "Every measurement, in order (depth: sessions corrupted / sessions [Wilson 95%], the band's side):",
-    ]
-    lines = [w for h in head for w in textwrap.wrap(h, 104)]
-    lines += [f"  {p.line()}" for p in found.points]
-    lines.append(f"The other keys are {found.source}'s; its comments say why each is what it is.")
-    body = yaml.safe_dump(data, sort_keys=False, default_flow_style=None, width=104)
-    if yaml.safe_load(body) != data:  # a value YAML would read back differently (on/off unquoted)
-        raise RuntimeError("the profile does not read back as written")
-    return "".join(f"# {x}\n" for x in lines) + body
-
-
-def write(path, raw, shapes, found: Search, commit="unknown"):
-    """render(), written atomically to `path`."""
-    return write_text(path, render(raw, shapes, found, commit))

@@ -18,10 +18,10 @@ Modules, bottom to top:
              split and merge, private pools, record_stream, an allocation log
   arena      CPU memory behind the addresses; tensors are views of it, and a block is freed when
              the last tensor sharing its storage dies (CPython refcounting)
-  ops        what each op does to memory, from its schema (shared with the CUDA trace recorder)
   fastops    host shortcuts a replayed node runs in place of its op: the same bytes, sooner
   gemm       bf16 mm/bmm as a GPU computes them (fp32 sums, one rounding), installed on import
-  rules      what a capture forbids: SimCaptureError where CUDA fails the capture
+  rules      a broken capture rule (nblib.backends.capture_rules): SimCaptureError where CUDA
+             fails the capture, and the capture it invalidates
   streams    streams and events: bookkeeping; while capturing they carry dependency frontiers
   capture    a TorchDispatchMode: view ops run at once (no memory), every other op is recorded as
              a node with its outputs allocated from the arena; nothing runs
@@ -32,11 +32,16 @@ Modules, bottom to top:
              node computes at its end: it reads its inputs over its whole run, as a kernel does)
   facade     SimDevice, with torch.cuda's names
 
+Beside it in nblib.backends, shared with the CUDA trace recorder: opinfo (what each op does to
+memory, from its schema), storage (a tensor's byte extent and layout) and capture_rules (what a
+capture forbids, as CUDA says it).
+
 Outside capture, torch runs as plain CPU torch in program order (eager decode never forks), and
 persistent tensors (weights, caches, static inputs) are ordinary CPU tensors outside the arena,
 like tensors allocated outside a graph pool on CUDA.
 """
 
+from nblib.backends.capture_rules import SimCaptureError
 from nblib.backends.sim.allocator import (
     MB,
     MIN_BLOCK,
@@ -51,7 +56,6 @@ from nblib.backends.sim.capture import Node, NodeAccess, python_stack
 from nblib.backends.sim.facade import SimDevice
 from nblib.backends.sim.gemm import install as _install_gemm
 from nblib.backends.sim.graph import SimGraph
-from nblib.backends.sim.rules import SimCaptureError
 from nblib.backends.sim.streams import SimEvent, SimStream, Sync
 from nblib.backends.sim.timing import Schedule, Timing
 

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from nblib.backends.sim.allocator import MB, ROUND_LARGE
+from nblib.backends.storage import extent
 
 
 @dataclass(eq=False)
@@ -91,21 +92,6 @@ def raw_bytes(addr, nbytes):
     o.__array_interface__ = dict(data=(addr, False), shape=(nbytes,), typestr="|u1", version=3)
     o.chunk = None
     return torch.from_numpy(np.asarray(o))
-
-
-def layout(t):
-    """(shape, stride, itemsize) of a tensor whose elements leave gaps in its extent (a strided
-    view), None for a dense one: the audit compares gapped accesses element by element."""
-    if t.numel() == 0 or extent(t) == t.numel() * t.element_size():
-        return None
-    return tuple(t.shape), tuple(t.stride()), t.element_size()
-
-
-def extent(t):
-    """Bytes from t's first element to one past its last, over its strides."""
-    if t.numel() == 0:
-        return 0
-    return (1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()) if n > 1)) * t.element_size()
 
 
 def bytes_moved(tensors):

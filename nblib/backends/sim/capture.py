@@ -18,11 +18,13 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from kernels.ops import OP_ROLES
+from nblib.backends.capture_rules import SimCaptureError
+from nblib.backends.opinfo import FORBIDDEN, arg, mutated_args, op_info
 from nblib.backends.sim.allocator import stream_name
-from nblib.backends.sim.arena import bytes_moved, extent, layout
+from nblib.backends.sim.arena import bytes_moved
 from nblib.backends.sim.fastops import shortcut
-from nblib.backends.sim.ops import FORBIDDEN, arg, mutated_args, op_info, to_meta
-from nblib.backends.sim.rules import SimCaptureError, violation
+from nblib.backends.sim.rules import violation
+from nblib.backends.storage import extent, layout
 
 _PACKAGE = os.path.dirname(os.path.abspath(__file__))
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
@@ -97,7 +99,7 @@ class Capture:
     def record(self, func, info, args, kwargs):
         dev = self.dev
         arena = dev.arena
-        stream = dev._cur
+        stream = dev.current_stream()
         if self.invalid is not None:
             raise violation(
                 dev, "invalidated", f"{func} after the capture broke ({self.invalid})", self.invalid
@@ -118,7 +120,7 @@ class Capture:
             mres = func(*margs, **mkwargs)
             mres = [mres] if info.n_returns == 1 else list(mres)
             for i in fresh:
-                outs[i] = dev._alloc_like(mres[i], stream)
+                outs[i] = dev.alloc_like(mres[i], stream)
         result = []
         for i, src in enumerate(info.returns):
             result.append(
@@ -204,6 +206,13 @@ def _copy_rows(func, leaves, spec, out_shadows):
     if not isinstance(src, torch.Tensor) or dst.dim() < 2 or dst.shape[0] < 2 or src.shape != dst.shape:
         return None
     return [lambda r=r: dst[r].copy_(src[r]) for r in range(dst.shape[0])]
+
+
+def to_meta(x):
+    """A meta tensor shaped like tensor x (anything else as it is): what the op would return, unrun."""
+    if isinstance(x, torch.Tensor):
+        return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
+    return x
 
 
 def tree_map_tensors(fn, args, kwargs):

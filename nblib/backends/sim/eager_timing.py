@@ -18,9 +18,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 # private API, no public one in torch (optree is the outside library); tests/test_private_api.py
 from torch.utils._pytree import tree_flatten
 
+from nblib.backends.opinfo import op_info
 from nblib.backends.sim.arena import bytes_moved
 from nblib.backends.sim.capture import paged_cost
-from nblib.backends.sim.ops import op_info
 
 
 class StreamClocks:

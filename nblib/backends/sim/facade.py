@@ -8,13 +8,14 @@ import numpy as np
 import torch
 
 from nblib.backends.sim.allocator import MB, CachingAllocator
-from nblib.backends.sim.arena import Arena, extent, raw_bytes
-from nblib.backends.sim.capture import python_stack
+from nblib.backends.sim.arena import Arena, raw_bytes
+from nblib.backends.sim.capture import Capture, python_stack
 from nblib.backends.sim.eager_timing import EagerTiming, StreamClocks
-from nblib.backends.sim.graph import GraphCtx, SimGraph
+from nblib.backends.sim.graph import CaptureHook, GraphCtx, SimGraph
 from nblib.backends.sim.rules import violation
 from nblib.backends.sim.streams import SimEvent, SimStream, StreamCtx
 from nblib.backends.sim.timing import Timing
+from nblib.backends.storage import extent
 
 
 class SimDevice:
@@ -40,7 +41,8 @@ class SimDevice:
         self._pool_ids = itertools.count(1)
         self.default_stream = SimStream(self, name="default")
         self._cur = self.default_stream
-        self._cap = None
+        self.capture: Capture | None = None  # the capture underway, None when none is
+        self.capture_hooks: list[CaptureHook] = []  # run around every graph's capture boundaries
         self._cap_stream = None
         # simulated seconds of GPU work, per stream: a graph replay occupies its stream for its span,
         # an eager op for its kernel's modelled time while eager_timing() is on (else nothing), and
@@ -69,7 +71,7 @@ class SimDevice:
     def synchronize(self):
         """Replay completes before returning, so there is nothing to wait for but the clocks; while
         capturing, CUDA refuses a device-wide synchronize."""
-        if self._cap is not None:
+        if self.capture is not None:
             raise violation(self, "sync", "synchronize() while capturing")
         self.streams.sync()
 
@@ -85,7 +87,13 @@ class SimDevice:
 
     def is_capturing(self):
         """Whether a capture is underway on any stream."""
-        return self._cap is not None
+        return self.capture is not None
+
+    def abort_capture(self) -> None:
+        """End the capture underway, if any, without a graph (its graph is left empty): for a step
+        that began a capture of its own and left it open."""
+        if self.capture is not None:
+            self.capture.graph.abort_capture()
 
     # graphs
     def CUDAGraph(self, keep_graph=False):
@@ -98,15 +106,21 @@ class SimDevice:
         return (0, next(self._pool_ids))
 
     def is_current_stream_capturing(self):
-        return self._cap is not None and self._cur in self._cap.frontier
+        return self.capture is not None and self._cur in self.capture.frontier
 
-    def _capture_stream(self):
-        if self._cap_stream is None:  # torch.cuda.graph.default_capture_stream
+    def capture_stream(self) -> SimStream:
+        """The stream dev.graph captures on when given none, made at its first use (torch.cuda.graph's
+        default_capture_stream)."""
+        if self._cap_stream is None:
             self._cap_stream = SimStream(self, name="capture")
         return self._cap_stream
 
+    def new_stream_id(self) -> int:
+        """The next stream's number (0 for the default stream)."""
+        return next(self._stream_ids)
+
     # allocation
-    def _alloc_like(self, meta, stream):
+    def alloc_like(self, meta: torch.Tensor, stream: SimStream) -> torch.Tensor:
         """An arena tensor shaped like `meta`, allocated for `stream` by the caching allocator."""
         n = extent(meta) + meta.storage_offset() * meta.element_size()
         if n == 0:
@@ -142,7 +156,7 @@ class SimDevice:
     # misc
     def manual_seed(self, seed):
         """Seed the replay timing model (a new jitter draw every replay)."""
-        self._rng = np.random.default_rng(seed)
+        self.jitter_rng = np.random.default_rng(seed)
 
     def device_name(self):
         return "CPU simulator"

@@ -3,16 +3,32 @@ replay, reset, pool) and dev.graph(...) is torch.cuda.graph. Replay runs the cap
 simulated-time order: each node computes at its end (a kernel reads its inputs over its whole run),
 so a write from another stream that lands while a reader runs corrupts it, as the timing model says."""
 
+import functools
 import gc
 import weakref
+from collections.abc import Callable
+from typing import Protocol
 
 import numpy as np
 
+from nblib.backends.capture_rules import SimCaptureError
+from nblib.backends.opinfo import warm_up_dispatch_modes
 from nblib.backends.sim.capture import Capture, CaptureMode
-from nblib.backends.sim.ops import warm_up_dispatch_modes
-from nblib.backends.sim.rules import SimCaptureError, invalidate, violation
+from nblib.backends.sim.rules import invalidate, violation
 from nblib.backends.sim.timing import schedule
 from nblib.core import collector
+
+
+class CaptureHook(Protocol):
+    """Code run around the capture boundaries of every graph of one device (dev.capture_hooks): each
+    method gets the graph and `run`, the boundary itself with the hooks added before this one around
+    it, and calls run() once. The audit's recorder (nblib.instruments.audit.trace.sim) is one."""
+
+    def begin(self, graph: "SimGraph", run: Callable[[], None]) -> None: ...
+
+    def end(self, graph: "SimGraph", run: Callable[[], None]) -> None: ...
+
+    def abort(self, graph: "SimGraph", run: Callable[[], None]) -> None: ...
 
 
 class SimGraph:
@@ -31,25 +47,35 @@ class SimGraph:
         return self.pool_id
 
     def capture_begin(self, pool=None, capture_error_mode="global"):
+        """Begin capturing on the current stream into the pool `pool` (None: a new one); the device's
+        capture hooks run around it."""
+        self._through_hooks("begin", lambda: self._begin(pool))
+
+    def _begin(self, pool):
         dev = self.dev
-        if dev._cap is not None:
+        if dev.capture is not None:
             raise SimCaptureError("a capture is already underway")
-        if dev._cur is dev.default_stream:
+        stream = dev.current_stream()
+        if stream is dev.default_stream:
             raise violation(dev, "default_stream", "capture_begin on the default stream")
         self.pool_id = pool if pool is not None else dev.graph_pool_handle()
         warm_up_dispatch_modes()
-        cap = Capture(dev, self, dev._cur, self.pool_id)
-        dev._cap = cap
+        cap = Capture(dev, self, stream, self.pool_id)
+        dev.capture = cap
         dev.allocator.begin_capture(self.pool_id)
         self._mode = CaptureMode(cap)
         self._mode.__enter__()
 
     def capture_end(self):
+        """End the capture this graph began (on the stream it began on) and make the graph
+        replayable; the device's capture hooks run around it."""
+        self._through_hooks("end", self._end)
+
+    def _end(self):
         dev = self.dev
-        if dev._cap is not None and dev._cap.graph is self and dev._cur is not dev._cap.stream:
-            raise violation(
-                dev, "end_stream", f"capture_end on {dev._cur.name}, begun on {dev._cap.stream.name}"
-            )
+        cap, stream = dev.capture, dev.current_stream()
+        if cap is not None and cap.graph is self and stream is not cap.stream:
+            raise violation(dev, "end_stream", f"capture_end on {stream.name}, begun on {cap.stream.name}")
         cap = self._finish()
         if cap.invalid is not None:
             raise violation(
@@ -83,22 +109,34 @@ class SimGraph:
 
     def _finish(self):
         dev = self.dev
-        cap = dev._cap
+        cap = dev.capture
         if cap is None or cap.graph is not self:
             raise SimCaptureError("capture_end without a matching capture_begin")
         try:
             self._mode.__exit__(None, None, None)
         finally:
             self._mode = None
-            dev._cap = None
+            dev.capture = None
             dev.allocator.end_capture()
             cap.graph = None  # events recorded in the capture keep it: they must not keep the graph
         return cap
 
+    def abort_capture(self):
+        """Drop the capture this graph began, if it is underway, and leave the graph empty (not
+        replayable); the device's capture hooks run around it."""
+        self._through_hooks("abort", self._abort)
+
     def _abort(self):
-        if self.dev._cap is not None and self.dev._cap.graph is self:
+        cap = self.dev.capture
+        if cap is not None and cap.graph is self:
             self._finish()
         self.nodes, self._ready = [], False
+
+    def _through_hooks(self, boundary, run):
+        """run(), with each of the device's capture hooks around it (the hook added last outermost)."""
+        for hook in self.dev.capture_hooks:
+            run = functools.partial(getattr(hook, boundary), self, run)
+        run()
 
     def reset(self):
         self.nodes, self.syncs, self._ready = [], [], False
@@ -139,7 +177,7 @@ class SimGraph:
         dur = tm.seconds(self._nbytes)
         for i, cost in self._costs:  # data-dependent kernels: this replay's inputs decide
             dur[i] = cost(tm)
-        dur = (dur * tm.jitter(len(self.nodes), self.dev._rng)).tolist()
+        dur = (dur * tm.jitter(len(self.nodes), self.dev.jitter_rng)).tolist()
         sched = schedule(self._deps, dur, delays)
         for _, _, _, f in sorted(self._steps(sched), key=lambda e: e[:3]):
             f()
@@ -176,20 +214,20 @@ class GraphCtx:
 
     def __init__(self, dev, g, pool=None, stream=None, capture_error_mode="global"):
         self.dev, self.g, self.pool = dev, g, pool
-        self.stream = stream if stream is not None else dev._capture_stream()
+        self.stream = stream if stream is not None else dev.capture_stream()
 
     def __enter__(self):
-        if self.dev.gc_before_capture:  # torch.cuda.graph once collected here (~80 ms); now opt-in
+        if self.dev.gc_before_capture:  # opt-in: a collection costs ~80 ms per capture
             gc.collect()
         # as the CUDA facade does: no dead graph may be destroyed inside this capture by the collector
         self._collector = collector.paused()
         self._collector.__enter__()
-        self.prev = self.dev._cur
-        self.dev._cur = self.stream
+        self.prev = self.dev.current_stream()
+        self.dev.set_stream(self.stream)
         try:
             self.g.capture_begin(pool=self.pool)
         except BaseException:
-            self.dev._cur = self.prev
+            self.dev.set_stream(self.prev)
             self._collector.__exit__(None, None, None)
             raise
 
@@ -198,12 +236,12 @@ class GraphCtx:
             if et is None:
                 self.g.capture_end()
             else:
-                self.g._abort()
+                self.g.abort_capture()
         except BaseException:
-            self.g._abort()
+            self.g.abort_capture()
             raise
         finally:
-            self.dev._cur = self.prev
+            self.dev.set_stream(self.prev)
             self._collector.__exit__(None, None, None)
         return False
 

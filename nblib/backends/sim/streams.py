@@ -23,13 +23,13 @@ class SimStream:
 
     def __init__(self, dev, priority=0, name=None):
         self.dev, self.priority = dev, priority
-        self.id = next(dev._stream_ids)
+        self.id = dev.new_stream_id()
         self.name = name or f"stream{self.id}"
 
     def wait_stream(self, other):
         """Work queued on self after this waits for all work queued on `other` so far (torch: an
         event recorded on `other`, waited on by self)."""
-        cap = self.dev._cap
+        cap = self.dev.capture
         if cap is not None and other in cap.frontier:
             cap.frontier[self] = union(cap.frontier.get(self), cap.frontier[other])
             cap.syncs.append(Sync("wait_stream", self, other, len(cap.nodes)))
@@ -39,12 +39,12 @@ class SimStream:
             self.dev.streams.wait(self, self.dev.streams.start(other))
 
     def wait_event(self, event):
-        cap = self.dev._cap
-        if cap is not None and event._cap is cap:
-            cap.frontier[self] = union(cap.frontier.get(self), event._deps)
+        cap = self.dev.capture
+        if cap is not None and event.capture is cap:
+            cap.frontier[self] = union(cap.frontier.get(self), event.frontier)
             cap.syncs.append(Sync("wait_event", self, event, len(cap.nodes)))
-        elif cap is not None and self in cap.frontier and event._recorded:
-            if event._cap is None:
+        elif cap is not None and self in cap.frontier and event.recorded:
+            if event.capture is None:
                 raise violation(
                     self.dev, "isolation", f"{self.name} waits on an event recorded outside the capture"
                 )
@@ -69,7 +69,7 @@ class SimStream:
         return True
 
     def _capturing(self):
-        cap = self.dev._cap
+        cap = self.dev.capture
         return cap is not None and self in cap.frontier
 
     def __repr__(self):
@@ -79,19 +79,21 @@ class SimStream:
 class SimEvent:
     def __init__(self, dev, enable_timing=False, blocking=False, interprocess=False):
         self.dev = dev
-        self._cap, self._deps = None, ()  # the capture of its latest record (None: eager)
-        self._recorded = False  # never recorded: waiting on it waits for nothing, as on CUDA
+        # the capture of its latest record (None: eager), and its stream's frontier there (the nodes
+        # a wait on it waits for)
+        self.capture, self.frontier = None, ()
+        self.recorded = False  # never recorded: waiting on it waits for nothing, as on CUDA
         self.at = None  # its stream's clock at its latest record outside a capture (simulated seconds)
 
     def record(self, stream=None):
         stream = stream or self.dev.current_stream()
-        cap = self.dev._cap
-        self._recorded = True
+        cap = self.dev.capture
+        self.recorded = True
         if cap is not None and stream in cap.frontier:
-            self._cap, self._deps = cap, cap.frontier[stream]
+            self.capture, self.frontier = cap, cap.frontier[stream]
             cap.syncs.append(Sync("record", stream, self, len(cap.nodes)))
         else:
-            self._cap, self._deps = None, ()
+            self.capture, self.frontier = None, ()
             self.at = self.dev.streams.start(stream)
 
     def elapsed_time(self, end):
@@ -118,7 +120,7 @@ class SimEvent:
         return True
 
     def _captured(self):
-        return self._cap is not None and self._cap is self.dev._cap
+        return self.capture is not None and self.capture is self.dev.capture
 
 
 def union(a, b):
@@ -135,11 +137,11 @@ class StreamCtx:
         self.dev, self.s = dev, stream
 
     def __enter__(self):
-        self.prev = self.dev._cur
+        self.prev = self.dev.current_stream()
         if self.s is not None:
-            self.dev._cur = self.s
+            self.dev.set_stream(self.s)
         return self.s
 
     def __exit__(self, *exc):
-        self.dev._cur = self.prev
+        self.dev.set_stream(self.prev)
         return False

@@ -143,6 +143,10 @@ class _Evidence:
         """Node k's addresses outside the op's bytes, inside bytes live at the op's place."""
         return int(self._foreign[self.place[op.index], k])
 
+    def foreign_at(self, i):
+        """Per node: foreign(op, node) of the op at place i."""
+        return self._foreign[i]
+
     def covers(self, i):
         """Accesses x nodes of the op at place i: the node points into the access's bytes."""
         return self.points[self.block[i] : self.block[i + 1]]
@@ -232,7 +236,7 @@ def _align(ops, raw, ev):
     back, j2 = [], np.arange(n + 1)
     for i, op in enumerate(ops):
         sid = streams[op.stream]
-        foreign = FOREIGN * ev._foreign[i].astype(float)
+        foreign = FOREIGN * ev.foreign_at(i).astype(float)
         s = _scores(score, lasts[sid], ev.covers(i), foreign, bool(op.accesses) or op.opaque, ch)
         win = np.argmax(s, axis=0)  # the first (lowest) j of equal best scores
         score = s[win, j2]

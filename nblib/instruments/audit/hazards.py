@@ -1,14 +1,64 @@
 """Happens-before and races: a recorded capture's ops ordered by vector clocks per stream, and every
-pair of unordered accesses on different streams that share a byte, one of them writing, as a Hazard."""
+pair of unordered accesses on different streams that share a byte, one of them writing, as a Hazard.
+
+HazardRow is the hazard's one model as a flat row: Hazard.fields() builds it, the audit's tables
+(Report.rows) and notebook 03's results.json hold it (nblib.studies.overlap.OverlapHazard adds the
+configuration). The command's nested record of the same hazard is
+nblib.instruments.audit.records.HazardRecord, of the same Kind."""
 
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Literal, NamedTuple, get_args
+
+from pydantic import BaseModel, ConfigDict
 
 from nblib.instruments.audit.byte_overlap import share_bytes
 from nblib.instruments.audit.trace.records import Access, Op
 from nblib.instruments.audit.trace.stacks import format_stack, site
 
-KINDS = ("read-after-write", "write-after-read", "write-after-write")
+__all__ = [
+    "HAZARD_COLUMNS",
+    "KINDS",
+    "RAW",
+    "VERBS",
+    "WAR",
+    "WAW",
+    "Hazard",
+    "HazardRow",
+    "Kind",
+    "happens_before",
+    "kind_of",
+    "ordered",
+    "races",
+    "tensor_name",
+]
+
+Kind = Literal["read-after-write", "write-after-read", "write-after-write"]
+KINDS: tuple[str, ...] = get_args(Kind)
+RAW, WAR, WAW = KINDS
+
+
+class HazardRow(BaseModel):
+    """One hazard, flat: the two ops, their streams, tensors and sites, the bytes, and the allocation and
+    free sites of both sides (sites as stacks.site gives them, nblib's frames included)."""
+
+    model_config = ConfigDict(extra="forbid")
+    kind: str  # one of KINDS; Report.rows joins the kinds of the pairs it merges with ", "
+    first_op: str  # issued first on the host (the graph runs the two in either order)
+    first_stream: str
+    first_tensor: str
+    first_site: str
+    second_op: str
+    second_stream: str
+    second_tensor: str
+    second_site: str
+    addr: str  # hex, the lowest byte the two share
+    nbytes: int
+    reused: bool  # the two sides are two allocations of the same bytes: freed, then reused
+    first_alloc: str
+    first_free: str
+    second_alloc: str
+    second_free: str
+    pairs: int  # access pairs merged into this row
 
 
 # ------------------------------------------------------------------------------------------------
@@ -54,7 +104,7 @@ class Hazard:
     """One race: two ops on different streams, unordered, touching the same bytes, one writing.
     `first` is the op issued first on the host (the graph runs them in either order)."""
 
-    kind: str
+    kind: Kind
     label: dict
     first: Op
     second: Op
@@ -79,10 +129,14 @@ class Hazard:
         return a is not None and b is not None and a is not b
 
     def row(self):
-        """A flat dict for tables and results.json."""
+        """A flat dict for tables and results.json: the capture's label (less its capture number), then
+        the HazardRow's fields."""
+        return {**{k: v for k, v in self.label.items() if k != "capture"}, **self.fields().model_dump()}
+
+    def fields(self) -> HazardRow:
+        """The hazard as its flat model, without the capture's label."""
         fa, sa = self.first_access.alloc, self.second_access.alloc
-        return dict(
-            **{k: v for k, v in self.label.items() if k != "capture"},
+        return HazardRow(
             kind=self.kind,
             first_op=self.first.name,
             first_stream=self.first.stream,
@@ -173,10 +227,11 @@ def _free_site(a):
     return site(a.free_stack) if a.freed else "alive at the end of the capture"
 
 
-def kind_of(first, second):
+def kind_of(first, second) -> Kind:
+    """The hazard's kind from its two accesses in host order (one of them writes)."""
     if first.writes and second.writes:
-        return "write-after-write"
-    return "read-after-write" if first.writes else "write-after-read"
+        return WAW
+    return RAW if first.writes else WAR
 
 
 class _Span(NamedTuple):

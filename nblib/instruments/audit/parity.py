@@ -1,8 +1,8 @@
 """Error parity between the simulator and CUDA: what a capture forbids, case by case.
 
-    rows = audit_parity.run(dev)      # one Row per case: what happened, the rule, captures again?
+    rows = audit_parity.run(dev)      # one ParityRow per case: what happened, the rule, captures again?
 
-Each case breaks one rule of stream capture (nblib.backends.sim.rules) inside an otherwise legal
+Each case breaks one rule of stream capture (nblib.backends.capture_rules) inside an otherwise legal
 capture, through the device facade, so the same code runs on both backends. The runner records
 whether the capture failed, the error's kind and first line, the rule the error itself names
 ("invalidated" where an earlier call broke the capture), the rule the audit names for it, and
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from nblib.backends.sim.rules import AT_NEXT_CALL, EAGER, RULES
+from nblib.backends.capture_rules import AT_NEXT_CALL, EAGER, RULES
 from nblib.instruments import audit
 
 N = 1024
@@ -35,7 +35,7 @@ N = 1024
 @dataclass(frozen=True)
 class Case:
     name: str
-    rule: str  # the rule it breaks (nblib.backends.sim.rules.RULES), or "legal"
+    rule: str  # the rule it breaks (nblib.backends.capture_rules.RULES), or "legal"
     run: object  # run(dev): capture something that breaks the rule
 
 
@@ -50,7 +50,7 @@ def case(rule):
     return register
 
 
-def _x(dev):
+def _ones(dev):
     return torch.ones(N, device=dev.torch_device)
 
 
@@ -63,31 +63,31 @@ def _capture(dev, body, **graph_kwargs):
 
 @case("sync")
 def device_synchronize(dev):
-    x = _x(dev)
+    x = _ones(dev)
     _capture(dev, lambda: (x * 2, dev.synchronize()))
 
 
 @case("sync")
 def stream_synchronize(dev):
-    x = _x(dev)
+    x = _ones(dev)
     _capture(dev, lambda: (x * 2, dev.current_stream().synchronize()))
 
 
 @case("sync")
 def item(dev):
-    x = _x(dev)
+    x = _ones(dev)
     _capture(dev, lambda: (x * 2).sum().item())
 
 
 @case("query")
 def stream_query(dev):
-    x = _x(dev)
+    x = _ones(dev)
     _capture(dev, lambda: (x * 2, dev.current_stream().query()))
 
 
 @case("captured_event")
 def captured_event_query(dev):
-    x = _x(dev)
+    x = _ones(dev)
 
     def body():
         ev = dev.Event()
@@ -100,7 +100,7 @@ def captured_event_query(dev):
 
 @case("captured_event")
 def captured_event_synchronize(dev):
-    x = _x(dev)
+    x = _ones(dev)
 
     def body():
         ev = dev.Event()
@@ -113,7 +113,7 @@ def captured_event_synchronize(dev):
 
 @case("isolation")
 def wait_on_an_event_recorded_before_the_capture(dev):
-    x, side, ev = _x(dev), dev.Stream(), dev.Event()
+    x, side, ev = _ones(dev), dev.Stream(), dev.Event()
     with dev.stream(side):
         x.mul_(2)
     ev.record(side)
@@ -127,7 +127,7 @@ def wait_on_an_event_recorded_before_the_capture(dev):
 
 @case("isolation")
 def wait_stream_on_a_stream_outside_the_capture(dev):
-    x, idle = _x(dev), dev.Stream()
+    x, idle = _ones(dev), dev.Stream()
 
     def body():
         x.add_(1)
@@ -139,7 +139,7 @@ def wait_stream_on_a_stream_outside_the_capture(dev):
 @case("merge")
 def wait_on_an_event_of_an_earlier_capture(dev):
     """CUDA accepts the wait and invalidates the capture: x.add_ fails, "invalidated"."""
-    x, ev = _x(dev), dev.Event()
+    x, ev = _ones(dev), dev.Event()
 
     def first():
         x.mul_(2)
@@ -156,7 +156,7 @@ def wait_on_an_event_of_an_earlier_capture(dev):
 
 @case("unjoined")
 def side_stream_not_joined(dev):
-    x, side = _x(dev), dev.Stream()
+    x, side = _ones(dev), dev.Stream()
 
     def body():
         side.wait_stream(dev.current_stream())
@@ -170,7 +170,7 @@ def side_stream_not_joined(dev):
 def work_on_the_default_stream(dev):
     """CUDA captures without an error: torch's streams are non-blocking, so the add runs eagerly
     on the legacy stream, outside the graph (measured on the H200); the simulator refuses it."""
-    x = _x(dev)
+    x = _ones(dev)
 
     def body():
         x.mul_(2)
@@ -183,7 +183,7 @@ def work_on_the_default_stream(dev):
 @case("uncaptured_stream")
 def work_on_a_stream_that_never_joined(dev):
     """CUDA captures without an error: the add runs eagerly, outside the graph."""
-    x, other = _x(dev), dev.Stream()
+    x, other = _ones(dev), dev.Stream()
 
     def body():
         x.mul_(2)
@@ -195,7 +195,7 @@ def work_on_a_stream_that_never_joined(dev):
 
 @case("default_stream")
 def capture_on_the_default_stream(dev):
-    x, g = _x(dev), dev.CUDAGraph()
+    x, g = _ones(dev), dev.CUDAGraph()
     g.capture_begin()
     try:
         x.mul_(2)
@@ -205,7 +205,7 @@ def capture_on_the_default_stream(dev):
 
 @case("end_stream")
 def end_on_another_stream(dev):
-    x, s1, s2, g = _x(dev), dev.Stream(), dev.Stream(), dev.CUDAGraph()
+    x, s1, s2, g = _ones(dev), dev.Stream(), dev.Stream(), dev.CUDAGraph()
     with dev.stream(s1):
         g.capture_begin()
         x.mul_(2)
@@ -222,7 +222,7 @@ def end_on_another_stream(dev):
 @case("graph_destroyed")
 def a_graph_destroyed_while_capturing(dev):
     """An earlier graph kept alive only by a reference cycle; the collector runs inside a capture."""
-    x = _x(dev)
+    x = _ones(dev)
     was = gc.isenabled()
     gc.disable()  # the collector runs inside the capture below, not before it
     try:
@@ -238,13 +238,13 @@ def a_graph_destroyed_while_capturing(dev):
 
 @case("legal")
 def wait_on_an_event_never_recorded(dev):
-    x, ev = _x(dev), dev.Event()
+    x, ev = _ones(dev), dev.Event()
     _capture(dev, lambda: (dev.current_stream().wait_event(ev), x.mul_(2)))
 
 
 @case("legal")
 def fork_and_join(dev):
-    x, side = _x(dev), dev.Stream()
+    x, side = _ones(dev), dev.Stream()
 
     def body():
         side.wait_stream(dev.current_stream())
@@ -260,7 +260,7 @@ def fork_and_join(dev):
 
 
 @dataclass
-class Row:
+class ParityRow:
     case: str
     rule: str  # the rule the case breaks ("legal": none)
     backend: str
@@ -320,7 +320,7 @@ def _first_line(e):
 
 
 def run_one(dev, c):
-    row = Row(c.name, c.rule, dev.name, "ok")
+    row = ParityRow(c.name, c.rule, dev.name, "ok")
     prev = dev.current_stream()
     failure = None
     with stderr_lines() as err, warnings.catch_warnings(record=True) as caught:

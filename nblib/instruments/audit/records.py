@@ -8,11 +8,30 @@ import os
 import re
 from typing import Literal
 
-from pydantic import BaseModel, PrivateAttr
+from pydantic import BaseModel, ConfigDict, PrivateAttr
 
 from nblib.core.paths import NBLIB
 from nblib.instruments.audit.confirm import ConfirmReport
+from nblib.instruments.audit.hazards import Kind
 from nblib.instruments.audit.trace import stacks
+
+__all__ = [
+    "EXIT",
+    "Failure",
+    "HazardRecord",
+    "HazardSummary",
+    "OpRecord",
+    "Site",
+    "TargetReport",
+    "TensorRecord",
+    "hazard_record",
+    "not_users",
+    "relpath",
+    "render",
+    "tensor_record",
+    "user_site",
+    "user_sites",
+]
 
 EXIT = {"clean": 0, "hazards": 1, "failed": 2}
 ACCESS = {"r": "reads", "w": "writes", "rw": "reads and writes"}
@@ -33,6 +52,10 @@ class Site(BaseModel):
 
     def __str__(self):
         return f"{self.file}:{self.line} in {self.function}" + (f": {self.code}" if self.code else "")
+
+    def short(self):
+        """'hf_moe.py:107 in forward': the file's name, the line and the function."""
+        return f"{os.path.basename(self.file)}:{self.line} in {self.function}"
 
 
 class TensorRecord(BaseModel):
@@ -61,8 +84,33 @@ class OpRecord(BaseModel):
     tensor: TensorRecord
 
 
+def _short(site):
+    return site.short() if site is not None else "-"  # None: no line of the caller's
+
+
+class HazardSummary(BaseModel):
+    """A HazardRecord as one table row (notebook 06): each side's op on its stream and its line in the
+    caller's code, the first side's tensor with its allocation and free lines, and the second side's
+    tensor when the bytes were freed and handed on."""
+
+    model_config = ConfigDict(extra="forbid")
+    kind: Kind
+    first: str  # "aten::mm on side"
+    first_at: str  # "hf_moe.py:107 in forward"; "-": no line of the caller's
+    second: str
+    second_at: str
+    tensor: str  # the first op's tensor
+    allocated_at: str
+    freed_at: str  # "alive at the end" when never freed
+    reused_by: str  # the second op's tensor when the bytes were freed and handed on, else "-"
+    pairs: int
+
+
 class HazardRecord(BaseModel):
-    kind: Literal["read-after-write", "write-after-read", "write-after-write"]
+    """One hazard of the target's report, each side nested (the flat row of the same hazard is
+    nblib.instruments.audit.hazards.HazardRow; summary() is this record as one table row)."""
+
+    kind: Kind
     reused: bool  # the two sides are two allocations of the same bytes: freed, then reused
     addr: str
     nbytes: int
@@ -76,11 +124,27 @@ class HazardRecord(BaseModel):
     max_abs: float | None = None
     tensor: str | None = None
 
+    def summary(self) -> HazardSummary:
+        """This hazard as one table row: ops on their streams, the caller's lines, the tensors."""
+        ta = self.first.tensor
+        return HazardSummary(
+            kind=self.kind,
+            first=f"{self.first.op} on {self.first.stream}",
+            first_at=_short(self.first.at),
+            second=f"{self.second.op} on {self.second.stream}",
+            second_at=_short(self.second.at),
+            tensor=ta.name,
+            allocated_at=_short(ta.allocated_at),
+            freed_at=_short(ta.freed_at) if ta.freed else "alive at the end",
+            reused_by=self.second.tensor.name if self.reused else "-",
+            pairs=self.pairs,
+        )
+
 
 class Failure(BaseModel):
     stage: Literal["build", "capture"]
     message: str
-    rule: str | None = None  # the capture rule broken (nblib.backends.sim.rules.RULES)
+    rule: str | None = None  # the capture rule broken (nblib.backends.capture_rules.RULES)
     rule_says: str | None = None
     cuda_error: str | None = None
 
@@ -113,6 +177,10 @@ class TargetReport(BaseModel):
     def audit_report(self):
         """The underlying nblib.instruments.audit.Report (its graph and result too); None on failure."""
         return self._report
+
+    @audit_report.setter
+    def audit_report(self, rep):
+        self._report = rep
 
     def text(self):
         return render(self)

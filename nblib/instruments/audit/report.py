@@ -24,7 +24,7 @@ import traceback
 import warnings
 from dataclasses import dataclass, field
 
-from nblib.backends.sim.rules import CUDA_TEXTS, RULES, SimCaptureError
+from nblib.backends.capture_rules import CUDA_TEXTS, RULES, SimCaptureError
 from nblib.instruments.audit.hazards import races
 from nblib.instruments.audit.trace import recording as record_captures
 from nblib.instruments.audit.trace.stacks import site, skip

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nblib.backends import device as devices
-from nblib.backends.sim.rules import RULES
+from nblib.backends.capture_rules import RULES
 from nblib.instruments import audit as A
 from nblib.instruments.audit import confirm as audit_confirm
 from nblib.instruments.audit.records import (
@@ -216,8 +216,7 @@ def audit_step(step, dev, target=None, label=None):
         failure = capture_failure(e)
     still = capturing(dev)
     if still:  # audit_capture ends every capture it starts: one still open was begun by the step
-        if dev.name == "sim":
-            dev._cap.graph._abort()
+        dev.abort_capture()
         msg = f"after capturing {target}, {still}: the step must not begin a capture of its own"
         failure = Failure(stage="capture", message=msg)
     if failure is not None:
@@ -232,7 +231,7 @@ def audit_step(step, dev, target=None, label=None):
         hazards=[hazard_record(h) for h in rep.hazards],
         notes=list(rep.notes),
     )
-    out._report = rep
+    out.audit_report = rep
     return out
 
 
@@ -255,7 +254,7 @@ def capture_failure(e):
 def capturing(dev):
     """'' when nothing captures on `dev`, else what still does."""
     if dev.name == "sim":
-        return "the simulator is still capturing" if dev._cap is not None else ""
+        return "the simulator is still capturing" if dev.is_capturing() else ""
     return "the current CUDA stream is still capturing" if dev.is_current_stream_capturing() else ""
 
 
@@ -273,3 +272,29 @@ def _one_line(what, e):
 
 
 # ------------------------------------------------------------------------------------------------
+# the audit in a process of its own
+# ------------------------------------------------------------------------------------------------
+
+
+def main(argv=None):
+    """`python -m nblib.instruments.audit.target TARGET [--backend B]`: the report as JSON on stdout,
+    exit 0 clean, 1 a hazard, 2 a failed build or capture or a bad TARGET (one line on stderr); what
+    `python -m nblib audit TARGET --backend B --json` prints and exits with, for a caller below the
+    command line (nblib.studies.engines runs it as a child, beside its own audits)."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m nblib.instruments.audit.target")
+    p.add_argument("target")
+    p.add_argument("--backend", choices=("auto", "cuda", "sim"), default="auto")
+    args = p.parse_args(argv)
+    try:
+        rep = audit(args.target, args.backend)
+    except TargetError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(rep.model_dump_json(indent=2))
+    return rep.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -22,7 +22,7 @@ underway: the recorder allocates many Python objects per op, which would trigger
 inside the capture that a plain capture does not; a collection there can free a stale CUDAGraph
 (cudaGraphExecDestroy) or a Triton kernel (cuModuleUnload) kept alive by someone's reference
 cycle, which CUDA forbids while a stream captures and which invalidates the capture. (torch 2.9+
-no longer collects before capture; see pytorch PR 161037.)
+does not collect before capture; see pytorch PR 161037.)
 """
 
 import gc
@@ -36,8 +36,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 # private API, no public one in torch (optree is the outside library); tests/test_private_api.py
 from torch.utils._pytree import tree_flatten
 
-from nblib.backends.sim.arena import extent, layout
-from nblib.backends.sim.ops import mutated_args, op_info, warm_up_dispatch_modes
+from nblib.backends.opinfo import mutated_args, op_info, warm_up_dispatch_modes
+from nblib.backends.storage import extent, layout
 from nblib.instruments.audit.trace.recorder import Recording
 from nblib.instruments.audit.trace.records import (
     Access,
@@ -87,7 +87,7 @@ class _Mode(TorchDispatchMode):
         self.rec = rec
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        return self.rec._dispatch(func, args, kwargs or {})
+        return self.rec.record_op(func, args, kwargs or {})
 
 
 class CudaRecording(Recording):
@@ -119,47 +119,46 @@ class CudaRecording(Recording):
 
     def _stop(self):
         if self._cap is not None:  # a capture_begin without its capture_end
-            self._end(ended=False)
+            self.end_capture(ended=False)
 
     # -- capture boundaries ---------------------------------------------------------------------
     def _wrap_begin(self, orig):
-        rec = self
-
         def capture_begin(g, *a, **k):
             main = torch.cuda.current_stream()
-            rec._gc_was_enabled = gc.isenabled()
+            self._gc_was_enabled = gc.isenabled()
             gc.disable()  # no collection inside the capture (see the module docstring)
             try:
                 orig(g, *a, **k)
             except BaseException:
-                rec._resume_gc()
+                self.resume_gc()
                 raise
-            rec._begin(main)
+            self.begin_capture(main)
 
         capture_begin.__wrapped__ = orig
         return capture_begin
 
     def _wrap_end(self, orig):
-        rec = self
-
         def capture_end(g):
             ended = False
             try:
                 orig(g)
                 ended = True
             finally:
-                rec._end(ended)
+                self.end_capture(ended)
 
         capture_end.__wrapped__ = orig
         return capture_end
 
-    def _begin(self, main):
-        trace = self._new_trace()  # graph stays None: a trace holds no CUDA object
+    def begin_capture(self, main):
+        """A capture began on stream `main`: start its trace and see its ops from now on."""
+        trace = self.new_trace()  # graph stays None: a trace holds no CUDA object
         self._cap = _Capture(trace, main)
         self._mode = _Mode(self)
         self._mode.__enter__()
 
-    def _end(self, ended):
+    def end_capture(self, ended):
+        """The capture underway ended (`ended`: its capture_end returned) or was dropped: stop seeing
+        its ops, mark its trace complete or not, and resume the garbage collector."""
         cap, mode = self._cap, self._mode
         self._cap = self._mode = None
         try:
@@ -170,9 +169,10 @@ class CudaRecording(Recording):
                 cap.open = False
                 cap.trace.complete = ended and not cap.failed
                 cap.events.clear()  # the events die now, outside any capture
-            self._resume_gc()
+            self.resume_gc()
 
-    def _resume_gc(self):
+    def resume_gc(self):
+        """Python's cyclic collector back on, if it was on when the capture began."""
         if self._gc_was_enabled:
             gc.enable()
         self._gc_was_enabled = None
@@ -187,23 +187,23 @@ class CudaRecording(Recording):
 
     # -- syncs ----------------------------------------------------------------------------------
     def _wrap_sync(self, kind, orig):
-        rec = self
-
         def wrapper(*a, **k):
-            outer = rec._guard == 0 and rec._cap is not None
-            rec._guard += 1
+            outer = self._guard == 0 and self._cap is not None
+            self._guard += 1
             try:
                 result = orig(*a, **k)
             finally:
-                rec._guard -= 1
-            if outer and rec._cap is not None:
-                rec._sync(kind, a, k, result)
+                self._guard -= 1
+            if outer and self._cap is not None:
+                self.record_sync(kind, a, k, result)
             return result
 
         wrapper.__wrapped__ = orig
         return wrapper
 
-    def _sync(self, kind, a, k, result):
+    def record_sync(self, kind, a, k, result):
+        """A sync method of kind `kind` returned `result` for arguments (a, k) in the capture: its
+        record and wait steps in the trace."""
         cap = self._cap
         ev = cap.trace.events
         if kind == "event_record":  # Event.record(self, stream=None)
@@ -236,7 +236,9 @@ class CudaRecording(Recording):
         return got[1] if got is not None and got[0] is event else ("never recorded", id(event))
 
     # -- ops ------------------------------------------------------------------------------------
-    def _dispatch(self, func, args, kwargs):
+    def record_op(self, func, args, kwargs):
+        """Run op `func` (the dispatch mode hands over every op) and, in the capture, record its
+        accesses, its fresh allocations and its stream; returns what the op returns."""
         info = op_info(func)
         cap = self._cap
         if info.kind == "view" or cap is None or self._guard or not torch.cuda.is_current_stream_capturing():

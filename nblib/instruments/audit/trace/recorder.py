@@ -10,8 +10,9 @@ class Recording:
     """Collects one CaptureTrace per capture started inside the `with` block.
 
     Subclasses install their hooks with self._patch(owner, name, value) (or push an undo with
-    self._undo.append) in _install(); __exit__ undoes them all, in reverse, also when the block
-    raised, and drops every reference a hook held, so nothing of a recording outlives it."""
+    self._undo.append) in _install(), and start each capture's trace with self.new_trace();
+    __exit__ undoes them all, in reverse, also when the block raised, and drops every reference a
+    hook held, so nothing of a recording outlives it."""
 
     def __init__(self, dev, analyse=None):
         self.dev = dev
@@ -42,7 +43,9 @@ class Recording:
         finally:
             self._label = prev
 
-    def _new_trace(self):
+    def new_trace(self):
+        """A new CaptureTrace for a capture beginning now, labelled with the current labels, kept
+        in self.captures."""
         t = CaptureTrace(label=dict(capture=len(self.captures), **self._label), backend=self.dev.name)
         self.captures.append(t)
         return t

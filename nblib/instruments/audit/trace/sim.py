@@ -1,13 +1,14 @@
 """The simulator's recorder. The simulator's capture already records everything the audit needs:
 graph nodes (op, stream, byte accesses, Python stack, allocator log position), Sync records, and
-the allocator's log (alloc and free with address, size, allocation stream and stack). The recorder
-wraps SimGraph.capture_begin/capture_end/_abort while the `with` block runs and merges those into
-one program-order trace when each capture ends; it installs nothing in the capture itself."""
+the allocator's log (alloc and free with address, size, allocation stream and stack). While the
+`with` block runs, the recorder is one of its device's capture hooks (dev.capture_hooks, around
+every graph's capture_begin, capture_end and abort_capture) and merges those into one
+program-order trace when each capture ends; it installs nothing in the capture itself."""
 
 import gc
+import weakref
 from typing import NamedTuple
 
-from nblib.backends.sim import SimGraph
 from nblib.instruments.audit.trace.recorder import Recording
 from nblib.instruments.audit.trace.records import (
     Access,
@@ -27,7 +28,6 @@ from nblib.instruments.audit.trace.records import (
 class _Pending(NamedTuple):
     """A capture underway on a recorded device: its trace, where its allocator log starts, its stream."""
 
-    rec: object
     trace: object
     log_start: int
     main: object
@@ -35,45 +35,44 @@ class _Pending(NamedTuple):
 
 
 class SimRecording(Recording):
-    """Wraps SimGraph.capture_begin/capture_end for graphs of this device while the block runs."""
+    """A capture hook on its device (nblib.backends.sim.graph.CaptureHook) while the block runs: one
+    trace per capture."""
 
     def _install(self):
-        begin, end, abort = SimGraph.capture_begin, SimGraph.capture_end, SimGraph._abort
-        rec = self
+        self._pending = weakref.WeakKeyDictionary()  # graph -> _Pending, for each capture underway
+        hooks = self.dev.capture_hooks
+        hooks.append(self)
+        self._undo.append(lambda: hooks.remove(self))
 
-        def capture_begin(g, *a, **k):
-            if g.dev is not rec.dev:
-                return begin(g, *a, **k)
-            start, stream, was = len(g.dev.allocator.log), g.dev._cur, gc.isenabled()
-            gc.disable()  # as on CUDA: no collection inside an audited capture (trace/cuda.py says why)
-            try:
-                begin(g, *a, **k)
-            except BaseException:
-                _resume(was)
-                raise
-            g._audit = _Pending(rec, rec._new_trace(), start, stream, was)
-            return None
+    def begin(self, g, run):
+        """Around capture_begin: no collection while the capture is underway, and a trace for it."""
+        start, stream, was = len(g.dev.allocator.log), g.dev.current_stream(), gc.isenabled()
+        gc.disable()  # as on CUDA: no collection inside an audited capture (trace/cuda.py says why)
+        try:
+            run()
+        except BaseException:
+            _resume(was)
+            raise
+        self._pending[g] = _Pending(self.new_trace(), start, stream, was)
 
-        def capture_end(g):
-            p = g.__dict__.get("_audit")
-            try:
-                end(g)
-            finally:
-                if p is not None:
-                    _resume(p.gc_was_enabled)
-            g.__dict__.pop("_audit", None)
-            if p is not None and p.rec is rec:
-                build(g, p.trace, p.log_start, p.main)
-
-        def _abort(g):
-            p = g.__dict__.pop("_audit", None)  # the trace stays incomplete
+    def end(self, g, run):
+        """Around capture_end: the trace built from the graph and the allocator log."""
+        p = self._pending.get(g)
+        try:
+            run()
+        finally:
             if p is not None:
                 _resume(p.gc_was_enabled)
-            return abort(g)
+        self._pending.pop(g, None)
+        if p is not None:
+            build(g, p.trace, p.log_start, p.main)
 
-        self._patch(SimGraph, "capture_begin", capture_begin)
-        self._patch(SimGraph, "capture_end", capture_end)
-        self._patch(SimGraph, "_abort", _abort)
+    def abort(self, g, run):
+        """Around abort_capture: the trace stays incomplete."""
+        p = self._pending.pop(g, None)
+        if p is not None:
+            _resume(p.gc_was_enabled)
+        run()
 
 
 def _resume(was_enabled):

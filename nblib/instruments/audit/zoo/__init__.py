@@ -17,6 +17,6 @@ the expected one: a race of the expected kind for the planted case, nothing for 
 
 from nblib.instruments.audit.zoo import reuse, streams, syncs  # noqa: F401  (importing them registers the cases)
 from nblib.instruments.audit.zoo.base import CASES, Case, N
-from nblib.instruments.audit.zoo.runner import Row, capture_all, graph_check, run, run_one, summary
+from nblib.instruments.audit.zoo.runner import ZooRow, capture_all, graph_check, run, run_one, summary
 
-__all__ = ["CASES", "N", "Case", "Row", "capture_all", "graph_check", "run", "run_one", "summary"]
+__all__ = ["CASES", "N", "Case", "ZooRow", "capture_all", "graph_check", "run", "run_one", "summary"]

@@ -9,7 +9,7 @@ from nblib.instruments.audit.zoo.base import CASES
 
 
 @dataclass
-class Row:
+class ZooRow:
     """One scenario's verdicts: plain capture, audited capture, and what the audit said."""
 
     case: str
@@ -59,7 +59,7 @@ def _error(e):
 
 def run_one(dev, c, racy, keep_graph=False):
     """One scenario, plainly and audited, each from a fresh build."""
-    row = Row(c.name, "race" if racy else "twin", c.covers, dev.name, "race" if racy else "clean")
+    row = ZooRow(c.name, "race" if racy else "twin", c.covers, dev.name, "race" if racy else "clean")
     try:
         for g, _ in capture_all(dev, c.build(dev, racy)):
             g.replay()

@@ -1,7 +1,7 @@
 """What each aten or custom op does to memory, from its schema alone: which arguments it writes
 (alias_info.is_write: in-place ops, out= arguments, custom ops' declared mutates_args), which
 returns alias an argument, which ops are views (no kernel, no memory), which only allocate, and
-which a capture forbids. The simulator's capture and the CUDA trace recorder share it."""
+which a capture forbids. Backend-neutral: the simulator's capture and the CUDA trace recorder share it."""
 
 import threading
 from dataclasses import dataclass
@@ -10,6 +10,17 @@ import torch
 
 # private API, no public one: __torch_dispatch__ modes exist only in torch.utils._python_dispatch
 from torch.utils._python_dispatch import TorchDispatchMode
+
+__all__ = [
+    "EMPTY_OPS",
+    "FORBIDDEN",
+    "VIEW_LIKE",
+    "OpInfo",
+    "arg",
+    "mutated_args",
+    "op_info",
+    "warm_up_dispatch_modes",
+]
 
 # ops that allocate and write nothing (no node)
 EMPTY_OPS = {
@@ -38,7 +49,7 @@ class OpInfo:
     n_returns: int
 
 
-_OP_INFO = {}
+_OP_INFO: dict = {}  # OpOverload -> OpInfo
 
 
 def op_info(func):
@@ -117,9 +128,3 @@ def warm_up_dispatch_modes():
         t.start()
         t.join()
         _warm.set()
-
-
-def to_meta(x):
-    if isinstance(x, torch.Tensor):
-        return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
-    return x
