@@ -73,7 +73,7 @@ class Cell(BaseModel):
     seconds: float | None = None  # the target's work inside the child (build, capture, replays)
 
 
-class Row(BaseModel):
+class AnchorRow(BaseModel):
     target: str
     group: str
     expect: str | None
@@ -108,7 +108,7 @@ class ChildResult(BaseModel):
 class AnchorTable(BaseModel):
     meta: dict
     tools: list[str]
-    rows: list[Row]
+    rows: list[AnchorRow]
     summary: list[ToolSummary]
 
 
@@ -410,7 +410,7 @@ def build_table(targets, results, meta):
     for res in results:
         for name, cell in cells_of(res).items():
             by_target.setdefault(name, {})[res.tool] = cell
-    rows = [Row(target=t.name, group=t.group, expect=t.expect, cells=by_target[t.name]) for t in targets]
+    rows = [AnchorRow(target=t.name, group=t.group, expect=t.expect, cells=by_target[t.name]) for t in targets]
     return AnchorTable(
         meta=meta, tools=tools, rows=rows, summary=[summarise(x, rows, results) for x in tools]
     )
