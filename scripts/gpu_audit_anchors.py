@@ -410,7 +410,9 @@ def build_table(targets, results, meta):
     for res in results:
         for name, cell in cells_of(res).items():
             by_target.setdefault(name, {})[res.tool] = cell
-    rows = [AnchorRow(target=t.name, group=t.group, expect=t.expect, cells=by_target[t.name]) for t in targets]
+    rows = [
+        AnchorRow(target=t.name, group=t.group, expect=t.expect, cells=by_target[t.name]) for t in targets
+    ]
     return AnchorTable(
         meta=meta, tools=tools, rows=rows, summary=[summarise(x, rows, results) for x in tools]
     )
