@@ -24,4 +24,5 @@ for nb in 07 03; do
   timeout "$limit" python3 -m nblib run --params params/gpu.yaml --out "$out" --only "$nb" > "$out/run-$nb.log" 2>&1
   echo "$nb: rc $?, $(( $(date +%s) - t0 )) s" | tee -a "$out/summary.txt"
 done
-tar czf "$out.tgz" -C "$(dirname "$out")" "$(basename "$out")"
+# the executed notebooks carry their figures inline: the archive keeps logs, summaries and results.json
+tar czf "$out.tgz" --exclude="*.html" --exclude="*.png" --exclude="*.ipynb" -C "$(dirname "$out")" "$(basename "$out")"
