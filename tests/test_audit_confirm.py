@@ -212,3 +212,30 @@ def test_on_cuda_every_zoo_race_is_confirmed_unless_its_reads_are_discarded(case
             assert all(k.differing == 0 for k in c.hazards)
         else:
             assert any(k.differing > 0 for k in c.hazards), [k.model_dump() for k in c.hazards]
+
+
+@pytest.mark.parametrize(
+    "dtype, bits", [(torch.float32, torch.int32), (torch.bfloat16, torch.int16), (torch.float16, torch.int16)]
+)
+def test_a_value_one_ulp_from_eager_is_rounding_and_a_stale_one_is_a_difference(dtype, bits):
+    want = torch.linspace(1.0, 1.5, 64).to(dtype)
+    one_ulp = (want.view(bits) + 1).view(dtype)  # the next representable value up (positive floats)
+    assert bool((one_ulp > want).all())
+    stale = want.clone()
+    stale[7] = 3.0
+    nan = want.clone()
+    nan[0] = float("nan")
+    got = [("ulp", one_ulp), ("stale", stale), ("nan", nan), ("same", want.clone())]
+    diffs = {d.name: d for d in audit_confirm.differences(got, [(n, want) for n, _ in got])}
+    assert set(diffs) == {"ulp", "stale", "nan"}
+    assert diffs["ulp"].rounding and not diffs["stale"].rounding and not diffs["nan"].rounding
+    assert diffs["nan"].nonfinite and abs(diffs["stale"].max_abs - (3.0 - float(want[7]))) < 1e-2
+    assert [d.name for d in audit_confirm.beyond_rounding(got, [(n, want) for n, _ in got])] == ["stale", "nan"]
+
+
+def test_integers_are_compared_bit_for_bit():
+    want = torch.arange(16, dtype=torch.int32)
+    got = want.clone()
+    got[3] += 1
+    (d,) = audit_confirm.differences([("idx", got)], [("idx", want)])
+    assert not d.rounding and d.max_abs is None

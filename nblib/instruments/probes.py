@@ -42,7 +42,7 @@ import torch
 from pydantic import BaseModel
 
 from nblib.instruments import audit as A
-from nblib.instruments.audit.confirm import StepState, differences, persistent_writes
+from nblib.instruments.audit.confirm import StepState, beyond_rounding, persistent_writes
 
 if TYPE_CHECKING:
     from nblib.backends.device import Device
@@ -186,9 +186,9 @@ class Differential:
                 rep.graph.replay()
                 dev.synchronize()
                 got = [(k, graphed.values[k].detach().clone()) for k in ref.values]
-                for d in differences(got, want_probes):
+                for d in beyond_rounding(got, want_probes):
                     _count(checks[d.name], d, i)
-                for d in differences(state.values(rep.result), want_out)[:1]:
+                for d in beyond_rounding(state.values(rep.result), want_out)[:1]:
                     _count(out, d, i)
         finally:
             state.restore()

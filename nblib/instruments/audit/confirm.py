@@ -11,7 +11,10 @@ question of values, so each hazard is replayed with the order it does not expect
 - the persistent state the step writes (every range outside the capture's pool that an op writes)
   is saved once and restored before each run, so the eager reference and every replay start alike;
 - after each replay, that state and the step's return value are compared with one eager run of the
-  step, in host order (`dev.serial()`), from the same state.
+  step, in host order (`dev.serial()`), from the same state. A float value that differs from eager's
+  only within rounding (torch.testing's default tolerance for its dtype: a captured kernel may sum in
+  another order than its eager twin, or use atomics) is counted apart, as rounding, not as a
+  difference; a sentinel or a stale read is far outside it.
 
 A hazard is confirmed when at least one of its forced replays differs from eager. A target with no
 hazard has each side branch's first op delayed the same way: a fixed form stays equal to eager. The
@@ -35,7 +38,9 @@ __all__ = [
     "Check",
     "ConfirmReport",
     "Difference",
+    "ROUNDING",
     "StepState",
+    "beyond_rounding",
     "confirm",
     "differences",
     "persistent_writes",
@@ -56,6 +61,8 @@ class Check(BaseModel):
     max_abs: float | None = None  # the largest finite |graph - eager| over every replay
     nonfinite: bool = False  # a replay's value held NaN or inf where eager's did not
     tensor: str | None = None  # the first value that differed
+    rounding: int = 0  # replays whose values differ from eager's only within rounding
+    rounding_max_abs: float | None = None  # the largest such |graph - eager|
 
     @property
     def confirmed(self):
@@ -63,7 +70,13 @@ class Check(BaseModel):
 
     def sentence(self):
         if not self.differing:
-            return f"0 of {self.replays} replays differ from eager"
+            s = f"0 of {self.replays} replays differ from eager"
+            if self.rounding:
+                s += (
+                    f" beyond rounding ({self.rounding} differ by at most {self.rounding_max_abs:.3g}, "
+                    "within the dtype's tolerance)"
+                )
+            return s
         diff = f"max |diff| {self.max_abs:.3g}" if self.max_abs is not None else "no finite difference"
         nan = ", non-finite values (the sentinel or a stale read)" if self.nonfinite else ""
         n, of = self.differing, self.replays
@@ -171,27 +184,47 @@ def _itemsize(dtype):
 
 class Difference(NamedTuple):
     """One value that differs from its reference: max_abs over the finite elements of a float
-    value (None: none finite, or not a float), nonfinite: NaN or inf where the reference had none."""
+    value (None: none finite, or not a float), nonfinite: NaN or inf where the reference had none,
+    rounding: every element within the dtype's rounding tolerance (ROUNDING) of the reference."""
 
     name: str
     max_abs: float | None
     nonfinite: bool
+    rounding: bool = False
+
+
+# (rtol, atol) per float dtype: torch.testing.assert_close's defaults
+ROUNDING = {
+    torch.float16: (1e-3, 1e-5),
+    torch.bfloat16: (1.6e-2, 1e-5),
+    torch.float32: (1.3e-6, 1e-5),
+    torch.float64: (1e-7, 1e-7),
+}
 
 
 def differences(got, want):
-    """The values of `got` ((name, tensor) pairs) that differ from `want`'s, bit for bit, in order."""
+    """The values of `got` ((name, tensor) pairs) that differ from `want`'s bit for bit, in order;
+    those within rounding are marked so (Difference.rounding)."""
     out = []
     for (name, g), (_, w) in zip(got, want):
         if g.shape == w.shape and g.dtype == w.dtype and same_bits(g, w):
             continue
-        m, bad = None, False
-        if g.dtype.is_floating_point and g.shape == w.shape:
+        m, bad, within = None, False, False
+        if g.dtype.is_floating_point and g.shape == w.shape and g.dtype == w.dtype:
             gf, wf = g.double(), w.double()
             ok = torch.isfinite(gf) & torch.isfinite(wf)
             bad = bool((~torch.isfinite(gf) & torch.isfinite(wf)).any())
             m = float((gf[ok] - wf[ok]).abs().max()) if ok.any() else None
-        out.append(Difference(name, m, bad))
+            tol = ROUNDING.get(g.dtype)
+            if tol is not None and not bad:
+                within = bool(torch.isclose(gf, wf, rtol=tol[0], atol=tol[1], equal_nan=True).all())
+        out.append(Difference(name, m, bad, within))
     return out
+
+
+def beyond_rounding(got, want):
+    """differences(got, want) less those within rounding."""
+    return [d for d in differences(got, want) if not d.rounding]
 
 
 def same_bits(a, b):
@@ -208,7 +241,12 @@ class _Tally:
         self.check = Check(delayed=delayed, delay_us=delay_s * 1e6, replays=replays, differing=0)
 
     def add(self, got, want):
-        c, diffs = self.check, differences(got, want)
+        c, every = self.check, differences(got, want)
+        diffs = [d for d in every if not d.rounding]
+        if every and not diffs:
+            c.rounding += 1
+            m = max((d.max_abs for d in every if d.max_abs is not None), default=0.0)
+            c.rounding_max_abs = max(m, c.rounding_max_abs or 0.0)
         for d in diffs:
             c.tensor = c.tensor or d.name
             c.nonfinite = c.nonfinite or d.nonfinite
