@@ -230,7 +230,10 @@ def test_a_value_one_ulp_from_eager_is_rounding_and_a_stale_one_is_a_difference(
     assert set(diffs) == {"ulp", "stale", "nan"}
     assert diffs["ulp"].rounding and not diffs["stale"].rounding and not diffs["nan"].rounding
     assert diffs["nan"].nonfinite and abs(diffs["stale"].max_abs - (3.0 - float(want[7]))) < 1e-2
-    assert [d.name for d in audit_confirm.beyond_rounding(got, [(n, want) for n, _ in got])] == ["stale", "nan"]
+    assert [d.name for d in audit_confirm.beyond_rounding(got, [(n, want) for n, _ in got])] == [
+        "stale",
+        "nan",
+    ]
 
 
 def test_integers_are_compared_bit_for_bit():
