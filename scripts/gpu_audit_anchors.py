@@ -13,6 +13,8 @@ Targets (--groups):
              side stream, buggy and the two fixes
   dsv4       examples/audit/dsv4_attention.py: the transcription of SGLang's DeepSeek-V4 prepare
              path (a model of its ordering, not the engine), fused projection on and off
+  field      examples/field/: the engines' real bugs, each buggy and fixed form (examples/field/cases.py
+             says which race is expected; a form whose capture fails expects nothing)
 Tools (--tools):
   audit                       nblib's capture audit (one child per target)
   csan                        TORCH_CUDA_SANITIZER=1: torch.cuda._sanitizer (one child per target;
@@ -22,8 +24,9 @@ Tools (--tools):
   memcheck-nocache, ...       the same with PYTORCH_NO_CUDA_MEMORY_CACHING=1
   tcgd                        torch-cudagraph-debug (PyPI): its TensorProbe on the step's output, the
                               eager step's snapshot compared exactly with each of TCGD_REPLAYS natural
-                              replays' (compare_snapshots); targets of the TARGET contract (hf, dsv4)
-                              only, since it needs a step to run eagerly and captured
+                              replays' (compare_snapshots, with its default allclose tolerance);
+                              targets of the TARGET contract (hf, dsv4, field) only, since it needs a
+                              step to run eagerly and captured
 A cell is race, clean, error (the tool or the capture failed: the why is its detail, taken from the
 tool's output), timeout, or not run (the why). --backend sim runs the audit tool on the simulator: a
 dry run of the plumbing on a CPU machine.
@@ -48,7 +51,7 @@ from pydantic import BaseModel  # noqa: E402
 
 from nblib.core.files import write_json, write_text  # noqa: E402
 
-GROUPS = ("zoo", "miniature", "hf", "dsv4")
+GROUPS = ("zoo", "miniature", "hf", "dsv4", "field")
 SANITIZERS = ("memcheck", "racecheck", "memcheck-nocache", "racecheck-nocache")
 TOOLS = ("audit", "csan", *SANITIZERS, "tcgd")
 TIMEOUT = {"audit": 120, "csan": 120, "tcgd": 120, **dict.fromkeys(SANITIZERS, 90)}  # seconds per child
@@ -137,7 +140,19 @@ def specs(groups=GROUPS):
             ]
     if "dsv4" in groups:
         out += [Spec(name=f"{DSV4}:{f}", group="dsv4", expect=None) for f in ("fused", "unfused")]
+    if "field" in groups:
+        out += _field_specs()
     return out
+
+
+def _field_specs():
+    sys.path.insert(0, str(ROOT / "examples" / "field"))
+    from cases import CASES as FIELD_CASES
+
+    expect = {"hazards": "race", "clean": "clean", "failed": None}
+    return [
+        Spec(name=f.target, group="field", expect=expect[f.expect.status]) for c in FIELD_CASES for f in c.forms
+    ]
 
 
 def _miniature():
@@ -255,11 +270,11 @@ def run_tcgd(dev, name):
     g = dev.CUDAGraph()
     with dev.graph(g):
         probe(step(), name="output")
-    exact, differ = TensorComparisonOptions(mode="exact"), 0
+    options, differ = TensorComparisonOptions(), 0  # the tool's default: allclose, rtol 1e-5, atol 1e-8
     for _ in range(TCGD_REPLAYS):
         rewind()
         g.replay()
-        differ += not compare_snapshots(want, probe.snapshot(synchronize=stream), options=exact).ok
+        differ += not compare_snapshots(want, probe.snapshot(synchronize=stream), options=options).ok
     del g  # the graph goes before the probe's captured resources
     probe.close(synchronize=False)
     eager.close()
