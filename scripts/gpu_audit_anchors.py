@@ -151,7 +151,9 @@ def _field_specs():
 
     expect = {"hazards": "race", "clean": "clean", "failed": None}
     return [
-        Spec(name=f.target, group="field", expect=expect[f.expect.status]) for c in FIELD_CASES for f in c.forms
+        Spec(name=f.target, group="field", expect=expect[f.expect.status])
+        for c in FIELD_CASES
+        for f in c.forms
     ]
 
 
