@@ -77,7 +77,7 @@ def _bucket(rep, runner, b, recapture=None):
     trace = next(t for t in rep.traces if t.label.get("bucket") == b)
     g, out, topk = runner.graphs[b]
     hazards = [h for h in rep.hazards if h.bucket == b]
-    return audit_confirm.Captured(trace, hazards, g, (out, topk), recapture)
+    return audit_confirm.Captured(trace, hazards, g, (out, topk), recapture, owner=runner)
 
 
 def confirm_buckets(

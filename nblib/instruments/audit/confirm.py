@@ -122,6 +122,9 @@ class Captured:
     graph: object
     result: object
     recapture: object = None
+    # what owns the graph's static inputs (a runner): a graph replays from their addresses, so they
+    # must live as long as it does, or the allocator hands their bytes to the next tensor
+    owner: object = None
 
     @classmethod
     def of(cls, report):
