@@ -25,4 +25,4 @@ for nb in 07 03; do
   echo "$nb: rc $?, $(( $(date +%s) - t0 )) s" | tee -a "$out/summary.txt"
 done
 # the executed notebooks carry their figures inline: the archive keeps logs, summaries and results.json
-tar czf "$out.tgz" --exclude="*.html" --exclude="*.png" --exclude="*.ipynb" -C "$(dirname "$out")" "$(basename "$out")"
+tar czf "$out.tgz" --exclude="*.html" --exclude="*.png" --exclude="*.ipynb" --exclude=".references" -C "$(dirname "$out")" "$(basename "$out")"
