@@ -93,11 +93,13 @@ def main():
     for t in TARGETS:
         rows.append(row(t, audit_target.load(in_repository(t)).fn, a.backend, a.replays))
     out = Path(a.out)
-    result = dict(commit=commit, backend=a.backend, replays=a.replays, rows=rows)
+    where = device.gpu_name() if a.backend == "cuda" else "the CPU simulator"
+    result = dict(commit=commit, backend=a.backend, device=where, replays=a.replays, rows=rows)
     write_text(out / "confirm.json", json.dumps(result, indent=1))
     cols = ["target", "status", "hazards", "confirmed", "forced", "natural", "seconds", "right"]
     lines = [
-        f"# `--confirm` on the zoo and the example targets, {a.backend}, {a.replays} replays, at {commit}",
+        f"# `--confirm` on the zoo and the example targets, {a.backend} ({where}), {a.replays} replays, "
+        f"at {commit}",
         "",
         "| " + " | ".join(cols) + " |",
         "|" + "---|" * len(cols),
