@@ -244,6 +244,7 @@ def run_tcgd(dev, name):
     """torch-cudagraph-debug's eager-vs-graph differential on the step's output: a natural-timing
     check, so a race counts as caught only where a replay actually differs from eager."""
     import torch
+    from torch.utils._pytree import tree_flatten
 
     from nblib.instruments.audit import target as audit_target
 
@@ -262,16 +263,22 @@ def run_tcgd(dev, name):
         return Cell(verdict="not run", detail=f"torch-cudagraph-debug not importable: {e}")
     step = audit_target.load(name).fn(dev)
     rewind, stream = getattr(step, "rewind", lambda: None), torch.cuda.current_stream()
+
+    def record(probe, out):  # TensorProbe takes one tensor: each tensor of the step's output
+        tensors = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+        for i, t in enumerate(tensors):
+            probe(t, name=f"output{i}")
+
     eager = TensorProbe("eager", [RecordAction()], when="always")
     rewind()
     with dev.serial():  # the reference runs in host order: no overlap for a race to lose
-        eager(step(), name="output")
+        record(eager, step())
     want = eager.snapshot(synchronize=stream)
     probe = TensorProbe("graph", [RecordAction()])
     rewind()
     g = dev.CUDAGraph()
     with dev.graph(g):
-        probe(step(), name="output")
+        record(probe, step())
     options, differ = TensorComparisonOptions(), 0  # the tool's default: allclose, rtol 1e-5, atol 1e-8
     for _ in range(TCGD_REPLAYS):
         rewind()

@@ -57,7 +57,10 @@ class CudaDevice:
     @contextlib.contextmanager
     def graph(g, **kwargs):
         """torch.cuda.graph(g, **kwargs) with the cyclic collector paused while it captures, so that
-        no dead graph from earlier work is destroyed inside this capture (see nblib.core.collector)."""
+        no dead graph from earlier work is destroyed inside this capture (see nblib.core.collector).
+        cuBLAS's handle is made first: a process whose first matmul is captured would otherwise call
+        cublasCreate inside the capture, which fails (CUBLAS_STATUS_NOT_INITIALIZED)."""
+        torch.cuda.current_blas_handle()
         with collector.paused(), torch.cuda.graph(g, **kwargs):
             yield
 
