@@ -40,6 +40,11 @@ RUNS = (
     ("outputs/gpu-repeat", "notebooks 00 and 02 again on the same commit: how far the figures move"),
     ("outputs/gpu-long", "notebook 00 alone on params/gpu-long.yaml"),
     (
+        "outputs/gpu-method",
+        "notebooks 03 and 07 on params/gpu.yaml (scripts/gpu_method.sh): each hazard under the forced order, "
+        "and the method on transformers' MoE decoders",
+    ),
+    (
         "outputs/sim-timed",
         "notebooks 00, 02, 03 and 07 on params/sim.yaml: the CPU simulator, tool calls in time on its clock",
     ),
