@@ -1,6 +1,8 @@
 """Python stacks for the audit: where a tensor was allocated or freed and where an op was issued,
 with the instruments' own frames (and torch's, triton's, the simulator's) left out."""
 
+import functools
+import importlib.util
 import linecache
 import os
 import sys
@@ -24,15 +26,33 @@ _SKIP_FILES = tuple(
 )
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
 _SKIP_SUFFIX = ("contextlib.py", "weakref.py")
+# the machinery that runs a notebook cell or a test: wherever it is installed (a site-packages, or a
+# --target folder on PYTHONPATH), its frames stand between the user's code and the op
+_RUNNERS = ("IPython", "ipykernel", "papermill", "nbclient", "_pytest", "pluggy", "asyncio", "tornado")
+
+
+@functools.cache
+def _runner_dirs():
+    dirs = []
+    for name in _RUNNERS:
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            continue
+        if spec is not None and spec.origin:
+            dirs.append(os.path.dirname(os.path.abspath(spec.origin)) + os.sep)
+    return tuple(dirs)
 
 
 def skip(filename):
-    """True for a frame that is not the user's: instruments, simulator, torch, triton, contextlib."""
+    """True for a frame that is not the user's: instruments, simulator, torch, triton, contextlib,
+    and what runs a cell or a test (IPython, ipykernel, papermill, pytest, asyncio)."""
     return (
         filename.startswith(_SKIP_FILES)
         or filename.startswith(_TORCH_DIR)
         or filename.endswith(_SKIP_SUFFIX)
         or f"{os.sep}triton{os.sep}" in filename
+        or filename.startswith(_runner_dirs())
     )
 
 
