@@ -1,5 +1,6 @@
 """The CPU simulator: allocator policy, capture, replay timing, and the race it must reproduce."""
 
+import dataclasses
 import glob
 import json
 import os
@@ -393,6 +394,31 @@ def test_timeline_overlaps_concurrent_branches():
     g.replay()
     starts, ends = g.last_schedule
     assert starts[0] == starts[1] == 0.0 and starts[2] == max(ends[0], ends[1])
+
+
+def _side_clone_schedule(**timing):
+    dev = SimDevice()
+    dev.timing = dataclasses.replace(dev.timing, **timing)
+    side = dev.Stream()
+    x = torch.ones(1 << 20)
+    g = dev.CUDAGraph()
+    with dev.graph(g):
+        side.wait_stream(dev.current_stream())
+        with dev.stream(side):
+            _a = x.clone()  # node 0, side: 8 MB moved
+        _b = x * 3  # node 1, main
+        dev.current_stream().wait_stream(side)
+    g.replay()
+    return dev.timing, g.last_schedule
+
+
+def test_a_probe_can_make_side_stream_clones_free_or_latency_only_and_nothing_else():
+    tm, (starts, ends) = _side_clone_schedule()
+    assert ends[0] - starts[0] > 8 * MB / tm.bandwidth * 0.5  # a copy of 8 MB, under some jitter
+    _, (starts, ends) = _side_clone_schedule(free_side_ops=("aten.clone.default",))
+    assert ends[0] == starts[0] and ends[1] > starts[1]  # the main stream's multiply keeps its time
+    tm, (starts, ends) = _side_clone_schedule(free_side_ops=("aten.clone.default",), free_side_bytes=True)
+    assert 0 < ends[0] - starts[0] < 2 * tm.latency
 
 
 # ------------------------------------------------------------------------------------------------

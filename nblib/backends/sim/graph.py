@@ -97,6 +97,7 @@ class SimGraph:
                     f"call capture_stream.wait_stream({s.name})",
                 )
         self.nodes, self.syncs = cap.nodes, cap.syncs
+        self.capture_stream = cap.stream
         n = len(self.nodes)
         self._deps = [nd.deps for nd in self.nodes]
         self._serial = all((i - 1) in self._deps[i] for i in range(1, n))
@@ -177,8 +178,13 @@ class SimGraph:
         dur = tm.seconds(self._nbytes)
         for i, cost in self._costs:  # data-dependent kernels: this replay's inputs decide
             dur[i] = cost(tm)
-        dur = (dur * tm.jitter(len(self.nodes), self.dev.jitter_rng)).tolist()
-        sched = schedule(self._deps, dur, delays)
+        jitter = tm.jitter(len(self.nodes), self.dev.jitter_rng)
+        dur = dur * jitter
+        if tm.free_side_ops:
+            main, free = self.capture_stream, tm.free_side_ops
+            idx = [i for i, nd in enumerate(self.nodes) if nd.stream is not main and nd.op in free]
+            dur[idx] = tm.latency * jitter[idx] if tm.free_side_bytes else 0.0
+        sched = schedule(self._deps, dur.tolist(), delays)
         for _, _, _, f in sorted(self._steps(sched), key=lambda e: e[:3]):
             f()
         self.last_schedule = sched

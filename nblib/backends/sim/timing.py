@@ -36,6 +36,12 @@ class Timing:
     program_bandwidth: float
     sigma: float
     source: str = "given"
+    # ops (as the capture names them: "aten.clone.default") whose nodes off the capture's own
+    # stream take no time, or with free_side_bytes only their launch latency: a counterfactual for a
+    # probe (what a design's side-stream kernels cost the race, scripts/sim_copy_probe.py); the
+    # suite never sets them
+    free_side_ops: tuple[str, ...] = ()
+    free_side_bytes: bool = False
 
     @classmethod
     def calibrated(cls, path=CALIBRATION):
