@@ -6,11 +6,11 @@ only where the GPU diverges, and move the rate the same way (raises, unchanged, 
 against the arm without instrument, as notebook 02 reads it).
 
 Where they do not agree yet, the case is a strict expected failure with what was measured: on the
-simulator every copying design raises the rate (its stash copies lengthen the side branch by about
-three fifths, and in the buckets that race every step is then lost), while on the H200 the same
-designs leave it unchanged; campaign and prealloc diverge in 11 of 136 comparisons on the simulator and
-in none on the H200. Narrower logits rows (outputs/probe/sim-narrow-logits-*) make the copies cheaper
-and the designs worse, so the copies' share of the side branch is not the whole cause.
+simulator every copying design raises the rate, while on the H200 the same designs leave it unchanged;
+campaign and prealloc diverge in 11 of 136 comparisons on the simulator and in none on the H200. The
+simulator's rise comes from the side-stream clones' time before the top-k, launch latency included: made
+free in its timing model, they leave the rate within chance of off's (outputs/probe/sim-copy-cost/).
+docs/story.md gives the likely reason the H200 does not move, and what it rests on.
 """
 
 import json
