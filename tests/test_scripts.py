@@ -195,3 +195,21 @@ def test_the_anchor_jobs_put_compute_sanitizer_first_and_one_target_per_audit_ch
     jobs = m.jobs(["audit", "memcheck"], targets)
     assert jobs == [("memcheck", "x", ["A", "B"]), ("memcheck", "y", ["C"]),
                     ("audit", "x", ["A"]), ("audit", "x", ["B"]), ("audit", "y", ["C"])]  # fmt: skip
+
+
+def test_the_anchor_field_group_names_every_form_of_every_field_case(anchors):
+    from nblib.instruments.audit import target as audit_target
+
+    specs = anchors.specs(["field"])
+    files = {
+        p.name
+        for p in (ROOT / "examples" / "field").glob("*.py")
+        if not p.name.startswith("_") and p.name not in ("cases.py", "measure.py")
+    }
+    assert {s.name.split("/")[-1].split(":")[0] for s in specs} == files
+    for s in specs:
+        assert s.group == "field" and s.expect in ("race", "clean", None)
+        assert callable(audit_target.load(s.name).fn), s.name
+    # a buggy form that races is expected to race, its fixed form to be clean
+    assert {s.expect for s in specs if s.name.endswith(":fixed")} == {"clean"}
+    assert "race" in {s.expect for s in specs if s.name.endswith(":buggy")}
