@@ -22,9 +22,9 @@ Tools (--tools):
   memcheck, racecheck         compute-sanitizer --tool memcheck / racecheck around one child per
                               group, which captures each target and replays it REPLAYS times;
   memcheck-nocache, ...       the same with PYTORCH_NO_CUDA_MEMORY_CACHING=1
-  tcgd                        torch-cudagraph-debug (PyPI): its TensorProbe on the step's output, the
-                              eager step's snapshot compared exactly with each of TCGD_REPLAYS natural
-                              replays' (compare_snapshots, with its default allclose tolerance);
+  tcgd                        torch-cudagraph-debug (PyPI): its TensorProbe on each tensor of the step's
+                              output, the eager step's snapshot compared with each of TCGD_REPLAYS
+                              natural replays' (compare_snapshots, at its default allclose tolerance);
                               targets of the TARGET contract (hf, dsv4, field) only, since it needs a
                               step to run eagerly and captured
 A cell is race, clean, error (the tool or the capture failed: the why is its detail, taken from the
@@ -146,7 +146,9 @@ def specs(groups=GROUPS):
 
 
 def _field_specs():
-    sys.path.insert(0, str(ROOT / "examples" / "field"))
+    field = str(ROOT / "examples" / "field")
+    if field not in sys.path:
+        sys.path.insert(0, field)  # cases.py is imported as `cases`, as its docstring says
     from cases import CASES as FIELD_CASES
 
     expect = {"hazards": "race", "clean": "clean", "failed": None}

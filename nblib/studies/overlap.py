@@ -31,6 +31,7 @@ from nblib.studies import reproduce
 
 __all__ = [
     "GRAPH_COLUMNS",
+    "TOGGLE_COLUMNS",
     "Configuration",
     "MatrixRow",
     "OverlapHazard",
@@ -103,6 +104,9 @@ def graph_rows(rep, runner, config):
     return [dict(config, bucket=tr.label["bucket"], **r) for tr, r in zip(rep.traces, checked)]
 
 
+# notebook 03's toggle table: the configuration, its replays' counts, and the audit's verdict
+TOGGLE_COLUMNS = ["logits_policy", "index_dtype", "overlap", "bucket", "sessions", "corrupted_sessions"]
+TOGGLE_COLUMNS += ["corrupted_steps", "steps", "not_replayed", "audit", "hazards", "tensors"]
 GRAPH_COLUMNS = ["logits_policy", "index_dtype", "bucket", "hazards", "nodes", "confirmed"]
 GRAPH_COLUMNS += ["confirmed_by_order", "contradicted", "undecidable", "missed", "lacking", "blind", "agree"]
 
