@@ -161,6 +161,9 @@ class Notebook:
         from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
         for _ in range(attempts):
+            dialog = self.page.locator(".jp-Dialog")
+            if dialog.count():  # a modal JupyterLab raised (a kernel choice, an error): say which
+                raise AssertionError(f"{self.name}: a dialog blocks Run All: {dialog.first.inner_text()!r}")
             self.page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
             self.page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
             try:
