@@ -9,6 +9,7 @@ place is restored before each run and after the check; a hazard whose reader's r
 not confirmed. The CUDA form (a spin kernel captured before the delayed op) is in tests/test_gpu_*.
 """
 
+import contextlib
 import json
 
 import pytest
@@ -242,3 +243,61 @@ def test_integers_are_compared_bit_for_bit():
     got[3] += 1
     (d,) = audit_confirm.differences([("idx", got)], [("idx", want)])
     assert not d.rounding and d.max_abs is None
+
+
+def test_a_recaptured_graph_replays_while_what_owns_its_static_inputs_lives():
+    # On CUDA the forced order captures the step again; the graph replays from the addresses of the
+    # static inputs its runner owns, so that runner must outlive every replay of the graph
+    import gc
+    import weakref
+    from types import SimpleNamespace as NS
+
+    class Owner:
+        pass
+
+    class Graph:
+        def __init__(self, owner=None):
+            self.owner = weakref.ref(owner) if owner is not None else None
+            self.replays = 0
+
+        def replay(self):
+            gc.collect()
+            assert self.owner is None or self.owner() is not None, "replayed after its owner died"
+            self.replays += 1
+
+    class Event:
+        def record(self):
+            pass
+
+        def synchronize(self):
+            pass
+
+        def elapsed_time(self, other):
+            return 0.01
+
+    dev = NS(
+        name="cuda",
+        Event=lambda enable_timing=False: Event(),
+        synchronize=lambda: None,
+        spin=lambda seconds: None,
+        serial=contextlib.nullcontext,
+    )
+    side_op = NS(name="aten::add", index=1, stream="side", accesses=[])
+    main_op = NS(name="aten::mul", index=0, stream="main", accesses=[])
+    trace = NS(
+        ops=[main_op, side_op],
+        events=[NS(kind="op", op=main_op, stream="main"), NS(kind="op", op=side_op, stream="side")],
+    )
+    out = torch.zeros(2)
+    made = []
+
+    def recapture(before):
+        owner = Owner()
+        g = Graph(owner)
+        made.append(g)
+        return audit_confirm.Captured(trace, [], g, out, owner=owner)
+
+    captured = audit_confirm.Captured(trace, [], Graph(), out, recapture)
+    rep = audit_confirm.confirm(lambda: out, dev, captured, replays=3)
+    assert made and all(g.replays == 3 for g in made)
+    assert [c.differing for c in rep.branches] == [0]

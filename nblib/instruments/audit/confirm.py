@@ -336,7 +336,10 @@ class _Forcing:
         op = hazards[0].first if hazards else target
         delayed = None if op is None else f"{op.name} (op {op.index}) on {op.stream}"
         tally = _Tally(replays, delayed, self.delay if op is not None else 0.0)
-        g, result, sentinels = self._graph(op, hazards)
+        # the Captured, not only its graph: what it owns (the recaptured runner's static inputs)
+        # must stay alive while the graph replays from their addresses
+        cap, sentinels = self._graph(op, hazards)
+        g, result = cap.graph, cap.result
         for _ in range(replays):
             state.restore()
             for lo, n in sentinels:
@@ -350,10 +353,10 @@ class _Forcing:
         return tally.check
 
     def _graph(self, op, hazards):
-        """(graph, its output, the sentinels' (addr, nbytes)) for one forced order."""
+        """(the Captured to replay, the sentinels' (addr, nbytes)) for one forced order."""
         rep = self.rep
         if op is None or self.dev.name == "sim":
-            return rep.graph, rep.result, _sentinels(hazards)
+            return rep, _sentinels(hazards)
         dev, index, delay = self.dev, op.index, self.delay
 
         def before(i):
@@ -365,7 +368,7 @@ class _Forcing:
         else:
             again = Captured.of(A.audit_capture(self.step, device=dev, before_op=before))
         same = [h for h in again.hazards if any(_same(h, x) for x in hazards)]
-        return again.graph, again.result, _sentinels(same)
+        return again, _sentinels(same)
 
 
 def _same(a, b):
