@@ -167,6 +167,12 @@ class Capture:
         return result[0] if info.n_returns == 1 else tuple(result)
 
 
+def is_paged(func):
+    """Whether func is a paged op (its duration follows the replay's sequence lengths)."""
+    roles = _ROLES.get(func)
+    return roles is not None and roles.cache is not None
+
+
 def paged_cost(func, leaves, spec):
     """A paged op's duration depends on this replay's sequence lengths, not on its arguments'
     sizes (the cache is far larger than what one step reads): a closure the replay calls with the

@@ -20,7 +20,7 @@ from torch.utils._pytree import tree_flatten
 
 from nblib.backends.opinfo import op_info
 from nblib.backends.sim.arena import bytes_moved
-from nblib.backends.sim.capture import paged_cost
+from nblib.backends.sim.capture import is_paged, paged_cost
 
 
 class StreamClocks:
@@ -57,13 +57,24 @@ class StreamClocks:
 
 def op_seconds(timing, func, args, kwargs, out):
     """One eager op's kernel under the timing model, without jitter: as a captured node's duration."""
-    leaves, spec = tree_flatten((args, kwargs))
-    cost = paged_cost(func, leaves, spec)
-    if cost is not None:
-        return float(cost(timing))
-    outs = out if isinstance(out, (list, tuple)) else [out]
-    nbytes = bytes_moved([x for x in [*leaves, *outs] if isinstance(x, torch.Tensor)])
-    return float(timing.seconds(nbytes)) if nbytes else 0.0  # an op on empty tensors launches nothing
+    if is_paged(func):
+        leaves, spec = tree_flatten((args, kwargs))
+        return float(paged_cost(func, leaves, spec)(timing))
+    nbytes = bytes_moved(_tensors(args, kwargs.values(), out if isinstance(out, (list, tuple)) else (out,)))
+    # an op on empty tensors launches nothing
+    return timing.latency + nbytes / timing.bandwidth if nbytes else 0.0
+
+
+def _tensors(*groups):
+    """The tensors among ops' arguments and results: an aten op's argument is a tensor, a list of
+    them, or neither (no deeper nesting), so one level of lists suffices where a pytree walk per op
+    costs the eager step more than its simulated kernels' bookkeeping."""
+    for group in groups:
+        for a in group:
+            if isinstance(a, torch.Tensor):
+                yield a
+            elif isinstance(a, (list, tuple)):
+                yield from (x for x in a if isinstance(x, torch.Tensor))
 
 
 class EagerTiming(TorchDispatchMode):
