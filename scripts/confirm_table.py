@@ -1,12 +1,14 @@
 """`--confirm` across the audit's zoo and the example targets, on one backend.
 
 Usage: python scripts/confirm_table.py OUTDIR [--backend sim|cuda] [--replays 20]
-Each zoo case (its planted race and its twin; the shared-pool case captures twice and is left out) and
-each example target under examples/audit/ is built on a fresh device facade, audited, and confirmed
+Each zoo case (its planted race and its twin; the shared-pool case captures twice and is left out),
+each example target under examples/audit/ and each form of the field's bugs (examples/field/cases.py)
+is built on a fresh device facade, audited, and confirmed
 with `--replays` forced replays per schedule (nblib.instruments.audit.confirm). Writes OUTDIR/confirm.json
 and OUTDIR/table.md (with the commit: $NBLIB_COMMIT, else HEAD) and prints the table. Exit 0 when every
 racy form has every hazard confirmed (but the zoo case whose readers' results are discarded, which must
-have none) and every clean form stays equal to eager under every forced order; 1 otherwise.
+have none), every clean form stays equal to eager under every forced order, and a field form whose
+capture is expected to fail fails; 1 otherwise.
 """
 
 import argparse
@@ -42,23 +44,36 @@ TARGETS = [
 ]
 
 
-def row(name, build, backend, replays, harmless=False):
+def field_targets():
+    """(target, whether its capture is expected to fail) for each form of examples/field/cases.py."""
+    field = str(ROOT / "examples" / "field")
+    if field not in sys.path:
+        sys.path.insert(0, field)  # cases.py is imported as `cases`, as its docstring says
+    from cases import CASES as FIELD_CASES
+
+    return [(f.target, f.expect.status == "failed") for c in FIELD_CASES for f in c.forms]
+
+
+def row(name, build, backend, replays, harmless=False, fails=False):
     dev = device.get(backend)
     t0 = time.perf_counter()
     step = build(dev)
     rep = audit_target.audit_step(step, dev, target=name)
-    if rep.status == "failed":
-        return dict(target=name, status="failed", right=False, failure=rep.failure.message)
+    if rep.status == "failed" or fails:
+        failure = rep.failure.message if rep.failure else None
+        return dict(target=name, status=rep.status, right=fails == (rep.status == "failed"), failure=failure)
     c = audit_confirm.confirm(step, dev, rep, replays=replays)
     checks = list({k.delayed: k for k in c.hazards}.values()) or c.branches
     confirmed = sum(k.confirmed for k in c.hazards)
-    if rep.hazards:
+    if c.eager_differs is not None:
+        right = True  # undecided, and said so: a step whose eager runs differ confirms nothing
+    elif rep.hazards:
         right = confirmed == 0 if harmless else confirmed == len(c.hazards)
     else:
         right = all(not k.confirmed for k in c.branches)
     return dict(
         target=name,
-        status=rep.status,
+        status=rep.status if c.eager_differs is None else f"{rep.status}, undecided: eager runs differ",
         hazards=len(rep.hazards),
         confirmed=confirmed,
         forced=f"{sum(k.differing for k in checks)}/{sum(k.replays for k in checks)}",
@@ -92,14 +107,16 @@ def main():
                             harmless=racy and c.name in HARMLESS))  # fmt: skip
     for t in TARGETS:
         rows.append(row(t, audit_target.load(in_repository(t)).fn, a.backend, a.replays))
+    for t, fails in field_targets():
+        rows.append(row(t, audit_target.load(in_repository(t)).fn, a.backend, a.replays, fails=fails))
     out = Path(a.out)
     where = device.gpu_name() if a.backend == "cuda" else "the CPU simulator"
     result = dict(commit=commit, backend=a.backend, device=where, replays=a.replays, rows=rows)
     write_text(out / "confirm.json", json.dumps(result, indent=1))
     cols = ["target", "status", "hazards", "confirmed", "forced", "natural", "seconds", "right"]
     lines = [
-        f"# `--confirm` on the zoo and the example targets, {a.backend} ({where}), {a.replays} replays, "
-        f"at {commit}",
+        f"# `--confirm` on the zoo, the example targets and the field's bugs, {a.backend} ({where}), "
+        f"{a.replays} replays, at {commit}",
         "",
         "| " + " | ".join(cols) + " |",
         "|" + "---|" * len(cols),

@@ -301,3 +301,20 @@ def test_a_recaptured_graph_replays_while_what_owns_its_static_inputs_lives():
     rep = audit_confirm.confirm(lambda: out, dev, captured, replays=3)
     assert made and all(g.replays == 3 for g in made)
     assert [c.differing for c in rep.branches] == [0]
+
+
+def test_a_step_whose_eager_runs_differ_confirms_nothing_and_says_undecided(capsys):
+    # the vLLM-Ascend sampler draws exponential noise: two eager runs already differ, so a replay that
+    # differs from eager proves nothing about the race the audit names
+    sampler = str(ROOT / "examples/field/vllm_ascend_sampler_q.py:buggy")
+    with pytest.raises(SystemExit) as e:
+        cli.main(["audit", sampler, "--backend", "sim", "--confirm", "--replays", "3", "--json"])
+    assert e.value.code == 1  # the hazard is still named: the exit code is the audit's
+    out = json.loads(capsys.readouterr().out)
+    assert out["hazards"] and not any(h["confirmed"] for h in out["hazards"])
+    assert out["confirm"]["eager_differs"]
+    with pytest.raises(SystemExit):
+        cli.main(["audit", sampler, "--backend", "sim", "--confirm", "--replays", "3"])
+    text = capsys.readouterr().out
+    assert "undecided: two eager runs of the step differ" in text
+    assert "1 hazard, undecided" in text

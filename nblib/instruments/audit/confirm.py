@@ -16,6 +16,10 @@ question of values, so each hazard is replayed with the order it does not expect
   another order than its eager twin, or use atomics) is counted apart, as rounding, not as a
   difference; a sentinel or a stale read is far outside it.
 
+The step is run eagerly twice first: a step whose two eager runs differ (it draws random numbers, or
+reads bytes it never wrote) gives no reference a replay could be compared with, so nothing is forced
+and every hazard reads "undecided", never confirmed.
+
 A hazard is confirmed when at least one of its forced replays differs from eager. A target with no
 hazard has each side branch's first op delayed the same way: a fixed form stays equal to eager. The
 same count without any delay (natural replays) comes with it. The forced delay belongs to this
@@ -88,6 +92,9 @@ class ConfirmReport(BaseModel):
 
     replays: int
     natural: Check
+    # the first value in which the step's two eager runs differ: None, the step is deterministic;
+    # else no replay is compared (every check has no replays) and nothing is confirmed
+    eager_differs: str | None = None
     hazards: list[Check] = []
     branches: list[Check] = []  # a target with no hazard: each side branch delayed in turn
     compared: int = 0  # values compared after each run: the step's returned tensors, persistent ranges
@@ -99,6 +106,13 @@ class ConfirmReport(BaseModel):
                 "nothing to compare: the step returns no tensor and writes no memory outside the "
                 "capture's pool; return its output (or copy it into a buffer made before capture) so "
                 "--confirm can see it"
+            ]
+        if self.eager_differs is not None:
+            return [
+                f"undecided: two eager runs of the step differ from each other (first {self.eager_differs}): "
+                "it draws random numbers or reads bytes it never wrote, so no replay can be compared "
+                "with eager; make the step deterministic (a fixed generator state restored before each "
+                "run) to confirm its hazards"
             ]
         out = [f"natural replays: {self.natural.sentence()}"]
         for i, c in enumerate(self.hazards, 1):
@@ -272,6 +286,13 @@ def confirm(step, dev, report, replays=20):
             result = step()
         dev.synchronize()
         want = state.values(result)
+        state.restore()
+        with dev.serial():
+            again = step()
+        dev.synchronize()
+        unequal = [d.name for d in differences(state.values(again, copy=False), want) if not d.rounding]
+        if unequal:
+            return _undecided(rep, replays, len(want), unequal[0], t0)
         force = _Forcing(step, dev, rep)
         natural = force.run(state, want, replays, None)
         groups = {}  # hazards whose first op is the same share one forced schedule
@@ -289,6 +310,21 @@ def confirm(step, dev, report, replays=20):
         hazards=hazards,
         branches=branches,
         compared=len(want),
+        seconds=round(time.perf_counter() - t0, 3),
+    )
+
+
+def _undecided(rep, replays, compared, first, t0):
+    """A step whose eager runs differ: every check without replays, so none is confirmed."""
+    none = lambda: Check(delayed=None, replays=0, differing=0)  # noqa: E731
+    heads = [] if rep.hazards else side_branch_heads(rep.trace)[:MAX_BRANCHES]
+    return ConfirmReport(
+        replays=replays,
+        natural=none(),
+        eager_differs=first,
+        hazards=[none() for _ in rep.hazards],
+        branches=[none() for _ in heads],
+        compared=compared,
         seconds=round(time.perf_counter() - t0, 3),
     )
 

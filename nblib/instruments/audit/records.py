@@ -308,6 +308,8 @@ def render(rep):
         k = sum(c.confirmed for c in rep.confirm.hazards)
         if not rep.confirm.compared:
             verdict += ", nothing to compare"
+        elif rep.confirm.eager_differs is not None:
+            verdict += ", undecided (the step's eager runs differ)"
         elif n:
             verdict += f", {k} confirmed"
         elif not any(b.confirmed for b in rep.confirm.branches):
