@@ -74,8 +74,8 @@ def test_lanes_keep_03_after_00_and_leave_05_for_last():
     nbs = list(suite.NOTEBOOKS)
     plan = suite.lane_plan(nbs, 2)
     assert plan == [
-        ["00_reproduce", "03_stream_overlap", "07_method_on_your_engine"],
-        ["01_canary", "02_graph_vs_eager", "04_persistent_buffer_fix", "06_audit_your_engine"],
+        ["00_reproduce", "03_stream_overlap", "06_audit_your_engine", "07_method_on_your_engine"],
+        ["01_canary", "02_graph_vs_eager", "04_persistent_buffer_fix"],
     ]
     assert suite.lane_plan(nbs, 1) == [] and suite.lane_plan(nbs, 8) == plan  # more lanes than LANES
     assert suite.lane_plan(["00_reproduce", "05_report"], 2) == []  # one busy lane: plain run

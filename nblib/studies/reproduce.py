@@ -1,10 +1,14 @@
 """The corruption matrix: index dtype x mode x overlap x bucket, session- and step-level.
 
 Each row runs the agentic workload with at most `bucket` sessions decoding together (the decode
-batch size the campaign varied), so the bucket-1 row is the batch-size-1 check. A row counts only
-the steps replayed in its bucket's graph: the run's tail (fewer sessions left, a smaller bucket)
-belongs to the smaller bucket's graph, not to this one. Every step is
-compared with the eager single-stream reference; rates come with Wilson 95% intervals.
+batch size the campaign varied), so the bucket-1 row is the batch-size-1 check. A row decodes
+row_sessions(sessions, bucket) of the workload's sessions: twice its bucket, at least 8, at most all
+of them. A batch of b sessions needs no more than a few times b to stay full, while the whole workload
+one or eight sessions at a time would decode every token of every session in its own small step (the
+bucket-1 row would cost as much as all the others together); the Wilson intervals widen to match.
+A row counts only the steps replayed in its bucket's graph: the run's tail (fewer sessions left, a
+smaller bucket) belongs to the smaller bucket's graph, not to this one. Every step is compared with
+the eager single-stream reference; rates come with Wilson 95% intervals.
 """
 
 import gc
@@ -17,6 +21,7 @@ from nblib.core import stats
 from nblib.engine import build, references
 from nblib.engine.model import INDEX_DTYPES, LOGITS_POLICIES, OVERLAPS, check_choice
 from nblib.engine.runner import MODES, Runner, check_buckets
+from nblib.engine.workload import WorkloadConfig
 from nblib.studies import protocol
 
 
@@ -30,6 +35,14 @@ class Knobs(NamedTuple):
 
 
 EVERY_KNOB = Knobs()  # every index dtype, mode and overlap; logits transient (the race's policy)
+
+
+ROW_MIN_SESSIONS = 8
+
+
+def row_sessions(sessions: int, bucket: int) -> int:
+    """The sessions a matrix row decodes: 2 x bucket, at least ROW_MIN_SESSIONS, at most `sessions`."""
+    return min(sessions, max(2 * bucket, ROW_MIN_SESSIONS))
 
 
 def check_matrix_args(knobs: Knobs, buckets):
@@ -80,7 +93,8 @@ def corruption_matrix(
                 if mode == "graph":
                     out.aliases += [dict(index_dtype=dtype, overlap=overlap, **a) for a in runner.aliases()]
                 for b in buckets:
-                    run, counts = build.bucket_run(runner, workload, b)
+                    n = row_sessions(WorkloadConfig(**workload).sessions, b)
+                    run, counts = build.bucket_run(runner, workload, b, sessions=n)
                     if mode == "graph" and overlap == "on":
                         out.window_steps += [
                             dict(
