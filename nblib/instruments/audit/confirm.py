@@ -6,12 +6,8 @@ question of values, so each hazard is replayed with the order it does not expect
 - a delay is queued on the stream of the op issued first, just before that op, long enough that
   the other op runs first (CUDA: a spin kernel captured into a new capture of the step; the
   simulator: that node starts later in the replay's schedule, as behind a spin kernel);
-- the bytes the hazard names are filled with a sentinel before each forced replay, unless they are
-  persistent state, so a stale read cannot pass for a right one. The sentinel is 0x7F in every byte:
-  about 3.4e38 in float32 and bfloat16, a positive NaN in float16 and e4m3. Not 0xFF: that is a
-  negative NaN, and CUDA's torch.topk over a row holding negative NaNs next to numbers asserts on the
-  device (pytorch/pytorch #117617 describes its inconsistent ordering of such NaNs), which ends the
-  process's CUDA context instead of giving a value to compare;
+- the bytes the hazard names are filled with a sentinel (0xFF: NaN in every float type) before each
+  forced replay, unless they are persistent state, so a stale read cannot pass for a right one;
 - the persistent state the step writes (every range outside the capture's pool that an op writes)
   is saved once and restored before each run, so the eager reference and every replay start alike;
 - after each replay, that state and the step's return value are compared with one eager run of the
@@ -54,7 +50,7 @@ __all__ = [
     "same_bits",
 ]
 
-SENTINEL = 0x7F
+SENTINEL = 0xFF
 MAX_BRANCHES = 8  # side branches delayed in turn on a target with no hazard
 
 
