@@ -22,6 +22,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from field_table import load_cases  # noqa: E402  (scripts/, the script's own folder)
+
 from nblib.backends import device  # noqa: E402
 from nblib.core.files import write_text  # noqa: E402
 from nblib.instruments.audit import confirm as audit_confirm  # noqa: E402
@@ -46,12 +48,7 @@ TARGETS = [
 
 def field_targets():
     """(target, whether its capture is expected to fail) for each form of examples/field/cases.py."""
-    field = str(ROOT / "examples" / "field")
-    if field not in sys.path:
-        sys.path.insert(0, field)  # cases.py is imported as `cases`, as its docstring says
-    from cases import CASES as FIELD_CASES
-
-    return [(f.target, f.expect.status == "failed") for c in FIELD_CASES for f in c.forms]
+    return [(f.target, f.expect.status == "failed") for c in load_cases().CASES for f in c.forms]
 
 
 def row(name, build, backend, replays, harmless=False, fails=False):

@@ -36,6 +36,12 @@ def load_file(path, name):
     return module
 
 
+def load_cases():
+    """examples/field/cases.py, loaded: CASES (each bug, its forms, what the audit should say) and
+    check_holds."""
+    return load_file(FIELD / "cases.py", "_field_cases")
+
+
 def function(spec):
     """`path.py:name` (relative to the repository) as a function."""
     path, name = spec.split(":")
@@ -102,7 +108,7 @@ def run(backend):
     from nblib.backends import device as devices
     from nblib.instruments.audit import target as audit_target
 
-    cases_module = load_file(FIELD / "cases.py", "_field_cases")
+    cases_module = load_cases()
     rows, ok = [], True
     device_name = devices.get(backend).device_name()
     for case in cases_module.CASES:

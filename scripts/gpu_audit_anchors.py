@@ -44,7 +44,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Literal
 
-ROOT = Path(__file__).resolve().parents[1]
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
 from pydantic import BaseModel  # noqa: E402
@@ -146,15 +147,14 @@ def specs(groups=GROUPS):
 
 
 def _field_specs():
-    field = str(ROOT / "examples" / "field")
-    if field not in sys.path:
-        sys.path.insert(0, field)  # cases.py is imported as `cases`, as its docstring says
-    from cases import CASES as FIELD_CASES
+    if str(HERE) not in sys.path:
+        sys.path.insert(0, str(HERE))  # field_table is this script's neighbour, however it was loaded
+    from field_table import load_cases
 
     expect = {"hazards": "race", "clean": "clean", "failed": None}
     return [
         Spec(name=f.target, group="field", expect=expect[f.expect.status])
-        for c in FIELD_CASES
+        for c in load_cases().CASES
         for f in c.forms
     ]
 

@@ -83,6 +83,7 @@ def corruption_matrix(
     progress: called with a line per configuration (and the protocol's lines) as each finishes."""
     buckets = check_matrix_args(knobs, buckets)
     wanted = protocol.configurations(knobs.index_dtypes, knobs.modes, knobs.overlaps)
+    sessions = WorkloadConfig(**workload).sessions
     out = Matrix()
     for dtype in knobs.index_dtypes:
         for overlap in knobs.overlaps:
@@ -93,7 +94,7 @@ def corruption_matrix(
                 if mode == "graph":
                     out.aliases += [dict(index_dtype=dtype, overlap=overlap, **a) for a in runner.aliases()]
                 for b in buckets:
-                    n = row_sessions(WorkloadConfig(**workload).sessions, b)
+                    n = row_sessions(sessions, b)
                     run, counts = build.bucket_run(runner, workload, b, sessions=n)
                     if mode == "graph" and overlap == "on":
                         out.window_steps += [

@@ -281,16 +281,9 @@ def confirm(step, dev, report, replays=20):
     trace = rep.trace
     state = StepState(dev, persistent_writes(trace))
     try:
-        state.restore()
-        with dev.serial():
-            result = step()
-        dev.synchronize()
-        want = state.values(result)
-        state.restore()
-        with dev.serial():
-            again = step()
-        dev.synchronize()
-        unequal = [d.name for d in differences(state.values(again, copy=False), want) if not d.rounding]
+        want = state.values(_eager(step, dev, state))
+        again = state.values(_eager(step, dev, state), copy=False)
+        unequal = [d.name for d in differences(again, want) if not d.rounding]
         if unequal:
             return _undecided(rep, replays, len(want), unequal[0], t0)
         force = _Forcing(step, dev, rep)
@@ -314,16 +307,23 @@ def confirm(step, dev, report, replays=20):
     )
 
 
+def _eager(step, dev, state):
+    """The step run eagerly in host order from the saved state; its return value."""
+    state.restore()
+    with dev.serial():
+        result = step()
+    dev.synchronize()
+    return result
+
+
 def _undecided(rep, replays, compared, first, t0):
-    """A step whose eager runs differ: every check without replays, so none is confirmed."""
+    """A step whose eager runs differ: each hazard's check without replays, so none is confirmed."""
     none = lambda: Check(delayed=None, replays=0, differing=0)  # noqa: E731
-    heads = [] if rep.hazards else side_branch_heads(rep.trace)[:MAX_BRANCHES]
     return ConfirmReport(
         replays=replays,
         natural=none(),
         eager_differs=first,
         hazards=[none() for _ in rep.hazards],
-        branches=[none() for _ in heads],
         compared=compared,
         seconds=round(time.perf_counter() - t0, 3),
     )
