@@ -40,3 +40,43 @@ def test_on_cuda_every_bucket_replays_under_the_forced_order_from_live_static_in
     # when the row changes between its passes ("writeIndex < outputSliceSize"), which ends the CUDA
     # context: a lost race that aborts the process instead of corrupting a value
     _check("cuda", topk_kernel="triton")
+
+
+def _design_runner(backend, design, **shapes):
+    """A differential design's model and runner, captured under the recorder as notebook 02 does."""
+    from nblib.engine import build
+    from nblib.engine.runner import Runner
+    from nblib.instruments import audit
+    from nblib.instruments.gediff import GEDiff
+
+    model, buckets, workload = _ci()
+    dev = device.get(backend)
+    m = build.model(dev, {**model, **shapes}, **RACY)
+    GEDiff(m, design=design)
+    with audit.recording(dev) as rec:
+        runner = Runner(m, buckets).capture(record=rec)
+    report = rec.report(names=m.captures)
+    hazardous = sorted({h.bucket for h in report.hazards})
+    assert hazardous, "the racy configuration's captures name no hazard"
+    return dev, m, runner, report, hazardous, forced.longest_ctx(workload)
+
+
+@pytest.mark.parametrize("design", ["campaign", "prealloc"])
+def test_a_design_s_bucket_is_captured_again_through_a_runner_with_its_hazards(design):
+    # CUDA forces an order by capturing the bucket again with a spin before the delayed op; a
+    # differential's hooks need the runner's bucket while capturing, so the step cannot be captured
+    # alone. The simulator's recorder calls no before_op (it delays a replay's node instead).
+    dev, m, runner, report, hazardous, ctx = _design_runner("sim", design)
+    b = hazardous[-1]
+    first = forced.captured_bucket(dev, m, runner, report, b, ctx)
+    again = first.recapture(lambda i: None)
+    assert [(h.first.index, h.second.index, h.kind) for h in again.hazards] == [
+        (h.first.index, h.second.index, h.kind) for h in first.hazards
+    ]
+
+
+@pytest.mark.gpu
+def test_on_cuda_a_differential_design_replays_under_the_forced_order():
+    dev, m, runner, report, hazardous, ctx = _design_runner("cuda", "campaign", topk_kernel="triton")
+    arm = forced.arm_check(dev, m, runner, report, hazardous, ctx, replays=3)
+    assert arm.schedules > 0 and arm.replays > 0, arm

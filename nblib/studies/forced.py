@@ -24,6 +24,7 @@ __all__ = [
     "ForcedRow",
     "arm_check",
     "arms_verdict",
+    "captured_bucket",
     "confirm_buckets",
     "describe",
     "longest_ctx",
@@ -80,6 +81,20 @@ def _bucket(rep, runner, b, recapture=None):
     return audit_confirm.Captured(trace, hazards, g, (out, topk), recapture, owner=runner)
 
 
+def captured_bucket(
+    dev: "Device", m: Any, runner: Runner, report: audit.Report, bucket: int, ctx: int | None
+) -> audit_confirm.Captured:
+    """`bucket`'s capture in `runner` (recorded: report), with the recapture CUDA's forced order
+    needs: the same buckets captured again through a Runner (which tells the model's hooks, a
+    differential's among them, which bucket they capture) with a spin before the delayed op."""
+
+    def recapture(before):
+        r2, rep2 = _captured(dev, m, runner.buckets, ctx, before, bucket)
+        return _bucket(rep2, r2, bucket)
+
+    return _bucket(report, runner, bucket, recapture)
+
+
 def confirm_buckets(
     dev: "Device",
     shapes: Mapping[str, Any],
@@ -99,11 +114,7 @@ def confirm_buckets(
         def step(st=st):
             return m.step(*st.args())
 
-        def recapture(before, b=b):
-            r2, rep2 = _captured(dev, m, buckets, ctx, before, b)
-            return _bucket(rep2, r2, b)
-
-        captured = _bucket(rep, runner, b, recapture)
+        captured = captured_bucket(dev, m, runner, rep, b, ctx)
         if not captured.hazards:
             continue
         with phases.phase("audit"):
@@ -147,7 +158,7 @@ def arm_check(
         def step(st=st):
             return m.step(*st.args())
 
-        captured = _bucket(report, runner, b)
+        captured = captured_bucket(dev, m, runner, report, b, ctx)
         c = audit_confirm.confirm(step, dev, captured, replays=replays)
         checks = list({k.delayed: k for k in c.hazards}.values()) + c.branches
         hazards += len(captured.hazards)
