@@ -318,3 +318,55 @@ def test_a_step_whose_eager_runs_differ_confirms_nothing_and_says_undecided(caps
     text = capsys.readouterr().out
     assert "undecided: two eager runs of the step differ" in text
     assert "1 hazard, undecided" in text
+
+
+def index_in_pool(dev, tables=1):
+    """Indices made on a side stream and read on main with no wait: under the forced order main reads
+    the sentinel's bytes (-1 as int64), an index outside its table, and index_select raises. `tables`
+    such reads, each index made by its own op on the side stream (one forced schedule each)."""
+    side = dev.Stream()
+    src = torch.arange(64)
+    table = torch.randn(64, generator=torch.Generator().manual_seed(2))
+    outs = [torch.zeros(64) for _ in range(tables)]
+
+    def step():
+        main = dev.current_stream()
+        side.wait_stream(main)
+        with dev.stream(side):
+            idx = [src.roll(k + 1) for k in range(tables)]  # one op each, every index in range
+        for out, i in zip(outs, idx):
+            out.copy_(torch.index_select(table, 0, i))
+        main.wait_stream(side)
+
+    return step
+
+
+def test_a_forced_replay_that_raises_confirms_the_hazard_and_names_the_error():
+    rep, c = confirmed(index_in_pool)
+    (k,) = c.hazards
+    assert k.confirmed and k.raised == k.differing == k.replays == 6
+    assert k.error.startswith("IndexError: index out of range")
+    assert "6 raised: IndexError" in "\n".join(c.lines())
+    rep.add_confirm(c)
+    assert rep.hazards[0].confirmed and rep.hazards[0].error == k.error
+    assert c.context_lost is None
+
+
+def test_after_a_replay_ends_the_cuda_context_the_rest_is_reported_not_run(monkeypatch):
+    # the simulator's IndexError stands in for a device-side assert: every later CUDA call would fail
+    monkeypatch.setattr(audit_confirm, "context_lost", lambda dev, error: True)
+    rep, c = confirmed(lambda dev: index_in_pool(dev, tables=2))
+    assert len(rep.hazards) == 2 and c.natural.raised == 0
+    first, second = c.hazards
+    assert first.raised == first.replays == 1 and first.confirmed
+    assert second.replays == 0 and not second.confirmed and second.error.startswith("not run")
+    assert c.context_lost == first.delayed
+    text = "\n".join(c.lines())
+    assert f"the CUDA context ended at {first.delayed}" in text and "hazard 2 not checked" in text
+
+
+def test_only_a_cuda_error_on_cuda_ends_the_context():
+    cuda, sim = type("D", (), {"name": "cuda"})(), type("D", (), {"name": "sim"})()
+    assert audit_confirm.context_lost(cuda, RuntimeError("CUDA error: device-side assert triggered"))
+    assert not audit_confirm.context_lost(cuda, RuntimeError("CUDA out of memory. Tried to allocate"))
+    assert not audit_confirm.context_lost(sim, RuntimeError("CUDA error: device-side assert triggered"))

@@ -20,6 +20,12 @@ The step is run eagerly twice first: a step whose two eager runs differ (it draw
 reads bytes it never wrote) gives no reference a replay could be compared with, so nothing is forced
 and every hazard reads "undecided", never confirmed.
 
+A lost race can break the step instead of changing a value: an index read before it was written
+points outside its table, and the op's own check raises (on CUDA a device-side assert, which ends the
+process's CUDA context). A replay that raises counts as one that differs, with the error named. On
+CUDA the context cannot be used after such an error: the checks after it do not run, and the report
+says where the context ended.
+
 A hazard is confirmed when at least one of its forced replays differs from eager. A target with no
 hazard has each side branch's first op delayed the same way: a fixed form stays equal to eager. The
 same count without any delay (natural replays) comes with it. The forced delay belongs to this
@@ -41,10 +47,12 @@ __all__ = [
     "Captured",
     "Check",
     "ConfirmReport",
+    "ContextLost",
     "Difference",
     "StepState",
     "beyond_rounding",
     "confirm",
+    "context_lost",
     "differences",
     "persistent_writes",
     "same_bits",
@@ -66,12 +74,19 @@ class Check(BaseModel):
     tensor: str | None = None  # the first value that differed
     rounding: int = 0  # replays whose values differ from eager's only within rounding
     rounding_max_abs: float | None = None  # the largest such |graph - eager|
+    raised: int = 0  # replays that raised (counted in differing): the order broke the step
+    error: str | None = None  # the first such error, one line; or why the check did not run
 
     @property
     def confirmed(self):
         return self.differing > 0
 
     def sentence(self):
+        if not self.replays and self.error:
+            return self.error
+        if self.raised:
+            n, of = self.differing, self.replays
+            return f"{n} of {of} replays differ from eager ({self.raised} raised: {self.error})"
         if not self.differing:
             s = f"0 of {self.replays} replays differ from eager"
             if self.rounding:
@@ -99,6 +114,9 @@ class ConfirmReport(BaseModel):
     branches: list[Check] = []  # a target with no hazard: each side branch delayed in turn
     compared: int = 0  # values compared after each run: the step's returned tensors, persistent ranges
     seconds: float = 0.0
+    # CUDA: the schedule whose replay ended the process's CUDA context (a device-side assert); the
+    # checks after it did not run. None: every check ran
+    context_lost: str | None = None
 
     def lines(self):
         if not self.compared:
@@ -115,7 +133,16 @@ class ConfirmReport(BaseModel):
                 "run) to confirm its hazards"
             ]
         out = [f"natural replays: {self.natural.sentence()}"]
+        if self.context_lost:
+            out.append(
+                f"the CUDA context ended at {self.context_lost}: a lost race broke a kernel's own check "
+                "(a device-side assert); the checks after it did not run, and this process cannot use "
+                "the GPU again"
+            )
         for i, c in enumerate(self.hazards, 1):
+            if not c.replays:
+                out.append(f"hazard {i} not checked: {c.sentence()} ({c.delayed} to be delayed)")
+                continue
             verdict = "confirmed" if c.confirmed else "not confirmed"
             why = "" if c.confirmed else ": no value depends on this order (the second op first)"
             out.append(f"hazard {i} {verdict}: {c.sentence()} with {c.delayed} delayed{why}")
@@ -251,9 +278,43 @@ def same_bits(a, b):
     return torch.equal(a, b)
 
 
+class ContextLost(Exception):
+    """A replay ended the CUDA context; `check`: the check it belongs to, as far as it got."""
+
+    def __init__(self, check):
+        super().__init__(check.delayed or "natural replays")
+        self.check = check
+
+
+def context_lost(dev, error):
+    """Whether `error`, raised by a replay on `dev`, leaves the device unusable: on CUDA a kernel's
+    device-side assert or an illegal address is sticky, and every later call fails with it."""
+    return dev.name == "cuda" and "CUDA error" in str(error)
+
+
+def one_line(error):
+    """An exception as one line: its type and the first line of its message."""
+    text = str(error).strip()
+    return f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"[:200]
+
+
+def _delayed_name(target):
+    """How a check names what it delays: the op of a hazard group or a side branch's head, None
+    for natural replays."""
+    op = target[0].first if isinstance(target, list) and target else target
+    return None if op is None else f"{op.name} (op {op.index}) on {op.stream}"
+
+
 class _Tally:
     def __init__(self, replays, delayed=None, delay_s=0.0):
         self.check = Check(delayed=delayed, delay_us=delay_s * 1e6, replays=replays, differing=0)
+
+    def fail(self, error):
+        """A replay that raised: the forced order broke the step, which eager ran."""
+        c = self.check
+        c.raised += 1
+        c.differing += 1
+        c.error = c.error or one_line(error)
 
     def add(self, got, want):
         c, every = self.check, differences(got, want)
@@ -280,31 +341,50 @@ def confirm(step, dev, report, replays=20):
     rep = report if isinstance(report, Captured) else Captured.of(report)
     trace = rep.trace
     state = StepState(dev, persistent_writes(trace))
+    lost = None
     try:
         want = state.values(_eager(step, dev, state))
         again = state.values(_eager(step, dev, state), copy=False)
         unequal = [d.name for d in differences(again, want) if not d.rounding]
         if unequal:
             return _undecided(rep, replays, len(want), unequal[0], t0)
-        force = _Forcing(step, dev, rep)
-        natural = force.run(state, want, replays, None)
         groups = {}  # hazards whose first op is the same share one forced schedule
         for h in rep.hazards:
             groups.setdefault(h.first.index, []).append(h)
-        checks = {i: force.run(state, want, replays, hs) for i, hs in groups.items()}
-        hazards = [checks[h.first.index] for h in rep.hazards]
         heads = [] if rep.hazards else side_branch_heads(trace)[:MAX_BRANCHES]
-        branches = [force.run(state, want, replays, op) for op in heads]
+        plan = [None, *groups.values(), *heads]
+        done, lost = _run_plan(_Forcing(step, dev, rep), state, want, replays, plan)
     finally:
-        state.restore()
+        if lost is None:  # a lost CUDA context cannot be written to
+            state.restore()
+    by_group = dict(zip(groups, done[1 : 1 + len(groups)]))
     return ConfirmReport(
         replays=replays,
-        natural=natural,
-        hazards=hazards,
-        branches=branches,
+        natural=done[0],
+        hazards=[by_group[h.first.index] for h in rep.hazards],
+        branches=done[1 + len(groups) :],
         compared=len(want),
         seconds=round(time.perf_counter() - t0, 3),
+        context_lost=lost,
     )
+
+
+def _run_plan(force, state, want, replays, plan):
+    """Each target's check in turn; after a replay that ends the CUDA context, the rest are marked
+    not run. Returns (checks, where the context ended or None)."""
+    done = []
+    for target in plan:
+        try:
+            done.append(force.run(state, want, replays, target))
+        except ContextLost as e:
+            done.append(e.check)
+            lost = e.check.delayed or "a natural replay"
+            why = f"not run: the CUDA context ended at {lost}"
+            rest = [
+                Check(delayed=_delayed_name(t), replays=0, differing=0, error=why) for t in plan[len(done) :]
+            ]
+            return done + rest, lost
+    return done, None
 
 
 def _eager(step, dev, state):
@@ -370,21 +450,27 @@ class _Forcing:
         None (natural replays). A _Tally's Check."""
         hazards = target if isinstance(target, list) else []
         op = hazards[0].first if hazards else target
-        delayed = None if op is None else f"{op.name} (op {op.index}) on {op.stream}"
-        tally = _Tally(replays, delayed, self.delay if op is not None else 0.0)
+        tally = _Tally(replays, _delayed_name(target), self.delay if op is not None else 0.0)
         # the Captured, not only its graph: what it owns (the recaptured runner's static inputs)
         # must stay alive while the graph replays from their addresses
         cap, sentinels = self._graph(op, hazards)
         g, result = cap.graph, cap.result
-        for _ in range(replays):
+        for i in range(replays):
             state.restore()
             for lo, n in sentinels:
                 self.dev.bytes_at(lo, n).fill_(SENTINEL)
-            if op is not None and self.dev.name == "sim":
-                g.replay(delays={op.index: self.delay})
-            else:
-                g.replay()
-            self.dev.synchronize()
+            try:
+                if op is not None and self.dev.name == "sim":
+                    g.replay(delays={op.index: self.delay})
+                else:
+                    g.replay()
+                self.dev.synchronize()
+            except Exception as e:  # the order broke the step: its error is the finding
+                tally.fail(e)
+                if context_lost(self.dev, e):
+                    tally.check.replays = i + 1  # the replays that ran
+                    raise ContextLost(tally.check) from e
+                continue
             tally.add(state.values(result, copy=False), want)
         return tally.check
 

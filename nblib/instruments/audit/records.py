@@ -123,6 +123,7 @@ class HazardRecord(BaseModel):
     differing: int | None = None
     max_abs: float | None = None
     tensor: str | None = None
+    error: str | None = None  # a forced replay that raised: its error; or why the check did not run
 
     def summary(self) -> HazardSummary:
         """This hazard as one table row: ops on their streams, the caller's lines, the tensors."""
@@ -167,7 +168,7 @@ class TargetReport(BaseModel):
         self.confirm = c
         for h, k in zip(self.hazards, c.hazards):
             h.confirmed, h.replays, h.differing = k.confirmed, k.replays, k.differing
-            h.max_abs, h.tensor = k.max_abs, k.tensor
+            h.max_abs, h.tensor, h.error = k.max_abs, k.tensor, k.error
 
     @property
     def exit_code(self):
