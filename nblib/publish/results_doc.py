@@ -45,6 +45,10 @@ RUNS = (
         "and the method on transformers' MoE decoders",
     ),
     (
+        "outputs/gpu-h100",
+        "notebooks 00 and 02 on params/gpu.yaml on an H100, a GPU the profile was not tuned on; 02's forced order",
+    ),
+    (
         "outputs/sim-timed",
         "notebooks 00, 02, 03 and 07 on params/sim.yaml: the CPU simulator, tool calls in time on its clock",
     ),
