@@ -46,7 +46,8 @@ RUNS = (
     ),
     (
         "outputs/gpu-h100",
-        "notebooks 00 and 02 on params/gpu.yaml on an H100, a GPU the profile was not tuned on; 02's forced order",
+        "notebooks 00 and 02 on params/gpu.yaml on an H100, a GPU the profile was not tuned on; "
+        "02's forced order",
     ),
     (
         "outputs/sim-timed",
