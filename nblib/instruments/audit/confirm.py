@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pydantic import BaseModel
 
 from nblib.instruments import audit as A
+from nblib.instruments.audit.report import one_line
 from nblib.instruments.audit.step_values import (
     Difference,
     StepState,
@@ -51,7 +52,6 @@ __all__ = [
     "Captured",
     "Check",
     "ConfirmReport",
-    "ContextLost",
     "Difference",
     "StepState",
     "beyond_rounding",
@@ -177,7 +177,7 @@ class Captured:
         return cls(rep.traces[0], rep.hazards, rep.graph, rep.result)
 
 
-class ContextLost(Exception):
+class _ContextLost(Exception):
     """A replay ended the CUDA context; `check`: the check it belongs to, as far as it got."""
 
     def __init__(self, check):
@@ -189,12 +189,6 @@ def context_lost(dev, error):
     """Whether `error`, raised by a replay on `dev`, leaves the device unusable: on CUDA a kernel's
     device-side assert or an illegal address is sticky, and every later call fails with it."""
     return dev.name == "cuda" and "CUDA error" in str(error)
-
-
-def one_line(error):
-    """An exception as one line: its type and the first line of its message."""
-    text = str(error).strip()
-    return f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"[:200]
 
 
 def _delayed_name(target):
@@ -275,7 +269,7 @@ def _run_plan(force, state, want, replays, plan):
     for target in plan:
         try:
             done.append(force.run(state, want, replays, target))
-        except ContextLost as e:
+        except _ContextLost as e:
             done.append(e.check)
             lost = e.check.delayed or "a natural replay"
             why = f"not run: the CUDA context ended at {lost}"
@@ -368,7 +362,7 @@ class _Forcing:
                 tally.fail(e)
                 if context_lost(self.dev, e):
                     tally.check.replays = i + 1  # the replays that ran
-                    raise ContextLost(tally.check) from e
+                    raise _ContextLost(tally.check) from e
                 continue
             tally.add(state.values(result, copy=False), want)
         return tally.check

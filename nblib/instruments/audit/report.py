@@ -187,6 +187,12 @@ def audit_capture(
     return report
 
 
+def one_line(error):
+    """An exception as one line: its type and the first line of its message."""
+    text = str(error).strip()
+    return f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"
+
+
 def error_chain(e):
     """An error and the errors it was raised during, outermost first."""
     out = []
@@ -235,7 +241,7 @@ def _failure(fn, e, warned=()):
     notes = " ".join(getattr(root, "__notes__", []))
     msg = f"capturing {name} failed{where}: {type(root).__name__}: {root}" + (f" {notes}" if notes else "")
     if root is not e:
-        msg += f"; then {type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+        msg += f"; then {one_line(e)}"
     rule = rule_of(e, warned)
     if rule is not None and rule in RULES:
         r = RULES[rule]

@@ -49,6 +49,7 @@ from nblib.instruments.audit.records import (
     not_users,
     relpath,
 )
+from nblib.instruments.audit.report import one_line
 
 __all__ = [
     "Failure",
@@ -267,8 +268,7 @@ def _failed(target, dev, label, failure):
 def _one_line(what, e):
     frames = [f for f in traceback.extract_tb(e.__traceback__) if not not_users(f.filename)]
     where = f" at {relpath(frames[-1].filename)}:{frames[-1].lineno}" if frames else ""
-    first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-    return f"{what} failed{where}: {type(e).__name__}: {first}"
+    return f"{what} failed{where}: {one_line(e)}"
 
 
 # ------------------------------------------------------------------------------------------------

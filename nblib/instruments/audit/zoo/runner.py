@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 
 from nblib.instruments import audit
 from nblib.instruments.audit import graph_check as audit_graph
+from nblib.instruments.audit.report import one_line
 from nblib.instruments.audit.zoo.base import CASES
 
 
@@ -53,10 +54,6 @@ def capture_all(dev, fns, keep_graph=False):
     return out
 
 
-def _error(e):
-    return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-
-
 def run_one(dev, c, racy, keep_graph=False):
     """One scenario, plainly and audited, each from a fresh build."""
     row = ZooRow(c.name, "race" if racy else "twin", c.covers, dev.name, "race" if racy else "clean")
@@ -64,7 +61,7 @@ def run_one(dev, c, racy, keep_graph=False):
         for g, _ in capture_all(dev, c.build(dev, racy)):
             g.replay()
     except Exception as e:
-        row.plain_error = _error(e)
+        row.plain_error = one_line(e)
     try:
         with audit.recording(dev) as rec:
             row.graphs = capture_all(dev, c.build(dev, racy), keep_graph)
@@ -73,7 +70,7 @@ def run_one(dev, c, racy, keep_graph=False):
             g.replay()
         dev.synchronize()
     except Exception as e:
-        row.audit_error = _error(e) + "\n" + traceback.format_exc(limit=-3)
+        row.audit_error = one_line(e) + "\n" + traceback.format_exc(limit=-3)
         row.reported = "error"
         return row
     row.report, row.hazards = rep, len(rep.hazards)
