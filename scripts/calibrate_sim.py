@@ -9,6 +9,10 @@ Each figure is a median over CUDA-graph replays timed with CUDA events:
                          program per request at bs 1, the slope between two context lengths
   sigma                  the per-node jitter: std of log(replay time) of the N-kernel graph, times
                          sqrt(N) (independent per-node jitter adds up in quadrature)
+  topk                   torch.topk over fp32 rows, one fit per k: fixed_s + rows * cols * 4 / Bps,
+                         least squares over a grid of rows and row lengths (the graph holds the
+                         several kernels torch runs for one call: radix passes over every row, then
+                         a sort of the k found), so a simulated top-k lasts what the GPU's does
 """
 
 import argparse
@@ -44,6 +48,29 @@ def indexer_seconds(ctx, heads=64, dim=128):
     return statistics.median(graph_times(lambda: kx.indexer_logits_bf16(q, w, cache, table, lens, out, 1)))
 
 
+TOPK_ROWS = (1, 8, 24, 40)
+TOPK_COLS = (16384, 131072, 262144)
+TOPK_KS = (16, 512)
+
+
+def topk_seconds(rows, cols, k):
+    x = torch.randn(rows, cols, device="cuda")
+    return statistics.median(graph_times(lambda: torch.topk(x, k, dim=-1), replays=100))
+
+
+def topk_fits():
+    """{k: {fixed_s, Bps}} from the grid, and the grid's medians ("k rows cols" -> seconds)."""
+    grid = {(k, r, c): topk_seconds(r, c, k) for k in TOPK_KS for r in TOPK_ROWS for c in TOPK_COLS}
+    fits = {}
+    for k in TOPK_KS:
+        pts = [(r * c * 4, t) for (kk, r, c), t in grid.items() if kk == k]
+        n = len(pts)
+        mx, my = sum(b for b, _ in pts) / n, sum(t for _, t in pts) / n
+        slope = sum((b - mx) * (t - my) for b, t in pts) / sum((b - mx) ** 2 for b, _ in pts)
+        fits[str(k)] = dict(fixed_s=my - slope * mx, Bps=1.0 / slope)
+    return fits, {f"{k} {r} {c}": t for (k, r, c), t in grid.items()}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out")
@@ -58,16 +85,21 @@ def main():
     short, long_ = 2048, 32768
     t_short, t_long = indexer_seconds(short), indexer_seconds(long_)
     logs = [math.log(t) for t in tiny]
+    topk, topk_grid = topk_fits()
     timing = dict(
         latency_s=statistics.median(tiny) / N_TINY,
         bandwidth_Bps=2 * big.numel() * big.element_size() / copy,
         program_bandwidth_Bps=(long_ - short) * 128 * 2 / (t_long - t_short),
         sigma=statistics.pstdev(logs) * math.sqrt(N_TINY),
+        topk=topk,
     )
     rec = dict(
         timing=timing,
         measured=dict(
-            tiny_graph_s=statistics.median(tiny), copy_s=copy, indexer_s={short: t_short, long_: t_long}
+            tiny_graph_s=statistics.median(tiny),
+            copy_s=copy,
+            indexer_s={short: t_short, long_: t_long},
+            topk_s=topk_grid,
         ),
         device=torch.cuda.get_device_name(),
         torch=torch.__version__,
