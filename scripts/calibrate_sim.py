@@ -2,6 +2,8 @@
 
     python scripts/calibrate_sim.py OUTDIR   # -> OUTDIR/h200.json: commit it as params/calibration/h200.json
 
+On another GPU the file is named after it (h100.json, else gpu.json): the simulator reads the H200's.
+
 Each figure is a median over CUDA-graph replays timed with CUDA events:
   latency_s              one kernel node of a graph: a graph of N tiny kernels, divided by N
   bandwidth_Bps          a graph holding one large device-to-device copy (read + write bytes)
@@ -109,7 +111,8 @@ def main():
     )
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "h200.json").write_text(json.dumps(rec, indent=1) + "\n")
+    name = next((g for g in ("h200", "h100") if g in rec["device"].lower()), "gpu")
+    (out / f"{name}.json").write_text(json.dumps(rec, indent=1) + "\n")
     print(json.dumps(timing))
 
 

@@ -586,3 +586,38 @@ def test_the_simulator_times_paged_ops_by_their_registered_roles(monkeypatch):
     monkeypatch.setattr(capture, "_ROLES", {})
     g2 = call.run(call.dev.CUDAGraph())
     assert all(n.cost is None for n in g2.nodes)
+
+
+def _topk_graph(dev, rows, cols, k):
+    x = torch.randn(rows, cols)
+    g = dev.CUDAGraph()
+    with dev.graph(g):
+        torch.topk(x, k, dim=-1)
+    return g
+
+
+def test_a_top_k_node_lasts_what_the_calibration_measured_for_the_nearest_k():
+    """torch.topk is several kernels on a GPU, so its node is timed by the measured fit of the nearest
+    k (on a log scale), not by its bytes; with no fit, by its bytes like any other node."""
+    dev = SimDevice()
+    fits = ((16, 40e-6, 1e12), (512, 90e-6, 2e12))
+    dev.timing = dataclasses.replace(dev.timing, topk=fits)
+    nbytes = 8 * 4096 * 4
+    assert _topk_graph(dev, 8, 4096, 16).expected_seconds() == pytest.approx(40e-6 + nbytes / 1e12)
+    assert _topk_graph(dev, 8, 4096, 48).expected_seconds() == pytest.approx(40e-6 + nbytes / 1e12)
+    assert _topk_graph(dev, 8, 4096, 300).expected_seconds() == pytest.approx(90e-6 + nbytes / 2e12)
+    dev.timing = dataclasses.replace(dev.timing, topk=())
+    moved = nbytes + 8 * 16 * (4 + 8)  # the input, the values and the int64 indices
+    assert _topk_graph(dev, 8, 4096, 16).expected_seconds() == pytest.approx(
+        dev.timing.latency + moved / dev.timing.bandwidth
+    )
+
+
+def test_an_eager_top_k_takes_its_stream_as_long_as_its_replayed_node():
+    dev = SimDevice()
+    dev.timing = dataclasses.replace(dev.timing, topk=((16, 40e-6, 1e12),))
+    x = torch.randn(8, 4096)
+    with dev.eager_timing():
+        t0 = dev.streams.latest()
+        torch.topk(x, 16, dim=-1)
+        assert dev.streams.latest() - t0 == pytest.approx(40e-6 + x.numel() * 4 / 1e12)

@@ -158,7 +158,7 @@ class Capture:
         n.stack = python_stack() if dev.record_stacks else None
         n.alloc_seq = len(dev.allocator.log)
         n.run, n.read, n.write = _make_closures(func, leaves, spec, mut_idx, out_shadows, info.n_returns)
-        n.cost = paged_cost(func, leaves, spec)
+        n.cost = node_cost(func, leaves, spec, nbytes)
         n.rows = _copy_rows(func, leaves, spec, out_shadows)
         self.frontier[stream] = (n.index,)
         self.nodes.append(n)
@@ -171,6 +171,18 @@ def is_paged(func):
     """Whether func is a paged op (its duration follows the replay's sequence lengths)."""
     roles = _ROLES.get(func)
     return roles is not None and roles.cache is not None
+
+
+def node_cost(func, leaves, spec, nbytes):
+    """The node's duration as a closure of the Timing, for ops the bytes they move do not time:
+    a paged op (its sequence lengths decide) and torch.topk (several kernels a call); None for
+    every other op."""
+    if func is torch.ops.aten.topk.default:
+        args, kwargs = tree_unflatten(leaves, spec)
+        x, k = args[0], arg(args, kwargs, 1, "k")
+        in_bytes = x.numel() * x.element_size()
+        return lambda timing: timing.topk_seconds(in_bytes, k, nbytes)
+    return paged_cost(func, leaves, spec)
 
 
 def paged_cost(func, leaves, spec):

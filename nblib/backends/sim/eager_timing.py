@@ -20,7 +20,7 @@ from torch.utils._pytree import tree_flatten
 
 from nblib.backends.opinfo import op_info
 from nblib.backends.sim.arena import bytes_moved
-from nblib.backends.sim.capture import is_paged, paged_cost
+from nblib.backends.sim.capture import is_paged, node_cost
 
 
 class StreamClocks:
@@ -57,10 +57,10 @@ class StreamClocks:
 
 def op_seconds(timing, func, args, kwargs, out):
     """One eager op's kernel under the timing model, without jitter: as a captured node's duration."""
-    if is_paged(func):
-        leaves, spec = tree_flatten((args, kwargs))
-        return float(paged_cost(func, leaves, spec)(timing))
     nbytes = bytes_moved(_tensors(args, kwargs.values(), out if isinstance(out, (list, tuple)) else (out,)))
+    if is_paged(func) or func is torch.ops.aten.topk.default:
+        leaves, spec = tree_flatten((args, kwargs))
+        return float(node_cost(func, leaves, spec, nbytes)(timing))
     # an op on empty tensors launches nothing
     return timing.latency + nbytes / timing.bandwidth if nbytes else 0.0
 

@@ -10,7 +10,10 @@ The numbers are measured, not chosen: `params/calibration/h200.json` is written 
 which one indexer program streams its request's index keys, and the replay-to-replay jitter of a
 kernel node), and `Timing.calibrated()` reads it. The indexer is data-dependent: its duration is
 computed at each replay from that replay's sequence lengths (`indexer_seconds`), so a step with a
-longer context really runs longer, as on the GPU.
+longer context really runs longer, as on the GPU. torch.topk is no single pass over its input on a
+GPU: it runs radix passes over every row, then sorts what it found, several kernels of one call; its
+node lasts what the calibration measured for that call (`topk_seconds`, one affine fit in the input's
+bytes per k), so the window in which a late write can reach the top-k's reads is the GPU's.
 """
 
 import json
@@ -36,6 +39,9 @@ class Timing:
     program_bandwidth: float
     sigma: float
     source: str = "given"
+    # torch.topk as the GPU times it: (k, fixed seconds, input bytes per second), one fit per k
+    # measured; empty: a top-k node is timed by its bytes like any other
+    topk: tuple[tuple[int, float, float], ...] = ()
     # ops (as the capture names them: "aten.clone.default") whose nodes off the capture's own
     # stream take no time, or with free_side_bytes only their launch latency: a counterfactual for a
     # probe (what a design's side-stream kernels cost the race, scripts/sim_copy_probe.py); the
@@ -52,13 +58,24 @@ class Timing:
                 "and copy its h200.json there"
             )
         c = json.loads(path.read_text())["timing"]
-        return cls(c["latency_s"], c["bandwidth_Bps"], c["program_bandwidth_Bps"], c["sigma"], str(path))
+        topk = tuple(sorted((int(k), f["fixed_s"], f["Bps"]) for k, f in c.get("topk", {}).items()))
+        return cls(
+            c["latency_s"], c["bandwidth_Bps"], c["program_bandwidth_Bps"], c["sigma"], str(path), topk
+        )
 
     def seconds(self, nbytes):
         return self.latency + np.asarray(nbytes, dtype=np.float64) / self.bandwidth
 
     def jitter(self, n, rng):
         return rng.lognormal(0.0, self.sigma, n)
+
+    def topk_seconds(self, in_bytes, k, nbytes):
+        """One torch.topk call over `in_bytes` of input: the calibrated fit of the nearest measured k
+        (nearest on a log scale: the final sort grows with k), or, with none, nbytes moved."""
+        if not self.topk:
+            return float(self.seconds(nbytes))
+        _, fixed, bps = min(self.topk, key=lambda f: abs(np.log(f[0] / max(k, 1))))
+        return fixed + in_bytes / bps
 
     def indexer_seconds(self, seq_lens, entry_bytes, per_request, out_bytes):
         """The paged indexer for one replay. per_request > 0: each request's programs stream its
