@@ -2,7 +2,7 @@
 
     python scripts/gpu_protocol_probe.py OUTDIR [--params params/gpu.yaml] [--runs 5] [--blocks 0 100]
         [--variants "trunk_layers=25" "trunk_layers=26;out_min=32;out_max=64;buckets=1,8,16,24"]
-        [--designs]
+        [--designs] [--topk-fit K:FIXED_S:BPS ...]
 
 Each variant overrides model or workload keys of the profile, or its buckets (`key=value`,
 `;`-separated), and runs the protocol (every session decoding together, every step counted) for
@@ -11,9 +11,13 @@ sessions, the pooled rate, the dispersion test, the sessions one corrupted step 
 steps and corrupted steps.
 `--designs` then runs notebook 02's arms on each variant, from the profile's seed. Writes
 OUTDIR/protocol.json and OUTDIR/protocol.md, with the commit (NBLIB_COMMIT) and the device.
+`--topk-fit` (simulator only, a counterfactual the suite never uses) times each torch.topk call as
+FIXED_S + input bytes / BPS for the nearest K instead of the calibration's fit: what the race would be
+if the top-k lasted that long; the files name it.
 """
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -79,17 +83,26 @@ def main():
     ap.add_argument("--variants", nargs="*", default=[""])
     ap.add_argument("--blocks", type=int, nargs="*", default=None)
     ap.add_argument("--designs", action="store_true")
+    ap.add_argument("--topk-fit", nargs="*", default=None, metavar="K:FIXED_S:BPS")
     a = ap.parse_args()
     profile = params.load(a.params)
     dev = device.get(profile["backend"])
     out = Path(a.out)
     result = dict(commit=os.environ.get("NBLIB_COMMIT", "unknown"), device=dev.device_name(), params=a.params)
+    if a.topk_fit is not None:
+        if profile["backend"] != "sim":
+            sys.exit("error: --topk-fit changes the simulator's timing model; use it with a sim profile")
+        fits = tuple((int(k), float(f), float(b)) for k, f, b in (x.split(":") for x in a.topk_fit))
+        dev.timing = dataclasses.replace(dev.timing, topk=fits)
+        result["topk_fit"] = [list(f) for f in fits]
     blocks = a.blocks if a.blocks else [profile["seed"]]
     result["variants"] = [row for v in a.variants for row in probe(dev, profile, v, a.runs, blocks)]
     if a.designs:
         result["designs"] = [designs_of(dev, profile, v, a.runs) for v in a.variants]
     write_text(out / "protocol.json", json.dumps(result, indent=1, default=str))
     lines = [f"# Protocol probe at {result['commit']}, {result['device']}, {a.params}", ""]
+    if "topk_fit" in result:
+        lines += [f"Counterfactual top-k timing (k, fixed s, input bytes/s): {result['topk_fit']}", ""]
     for v in result["variants"]:
         each = ", ".join(f"{r['corrupted_sessions']}/{r['sessions']}" for r in v["runs"])
         p = v["pooled"]
