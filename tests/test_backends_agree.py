@@ -10,7 +10,11 @@ simulator every copying design raises the rate, while on the H200 the same desig
 campaign and prealloc diverge in 11 of 136 comparisons on the simulator and in none on the H200. The
 simulator's rise comes from the side-stream clones' time before the top-k, launch latency included: made
 free in its timing model, they leave the rate within chance of off's (outputs/probe/sim-copy-cost/).
-docs/story.md gives the likely reason the H200 does not move, and what it rests on.
+The divergence comes from the top-k's time: the committed simulator runs time torch.topk as one pass
+over its bytes (about 7 us), shorter than the clone before it, so a late write often lands in the
+clone; a GPU runs several kernels for one call (about 96 us on the H200), and with that time the clones
+stop diverging (outputs/probe/sim-topk-cost/). docs/story.md gives the likely reason the H200's rate
+does not move, and what it rests on.
 
 The forced order is compared too, with the GPU run that has it (outputs/gpu-h100/, an H100): under it
 each design corrupts, or stays equal to eager, alike on both backends, in the same share of its
@@ -37,11 +41,20 @@ def _unmet(reason):
     return pytest.mark.xfail(strict=True, reason=reason)
 
 
-CASES = [
+DIRECTION = [
     "canary",
-    pytest.param("campaign", marks=_unmet("sim raises 110/200 vs 51, 11/136 diverged; H200 unchanged 0/469")),
-    pytest.param("prealloc", marks=_unmet("sim raises 110/200 vs 51, 11/136 diverged; H200 unchanged 0/469")),
+    pytest.param("campaign", marks=_unmet("sim raises 110/200 vs 51; H200 unchanged (51/200 vs 44)")),
+    pytest.param("prealloc", marks=_unmet("sim raises 110/200 vs 51; H200 unchanged (53/200 vs 44)")),
     pytest.param("main_stash", marks=_unmet("sim raises 110/200 vs 51; H200 unchanged (40/200 vs 44)")),
+    "refs",
+]
+DESIGNS = ["canary", "campaign", "prealloc", "main_stash", "refs"]
+_COPY_LOSES = "sim 11/136 diverged (its top-k one pass of bytes, shorter than the clone); H200 0/469"
+DIVERGENCE = [
+    "canary",
+    pytest.param("campaign", marks=_unmet(_COPY_LOSES)),
+    pytest.param("prealloc", marks=_unmet(_COPY_LOSES)),
+    "main_stash",
     "refs",
 ]
 
@@ -50,15 +63,21 @@ def test_both_backends_ran_the_same_designs_on_the_timed_workload():
     (g, gd), (s, sd) = _designs(GPU), _designs(SIM)
     assert g["backend"] == "cuda" and s["backend"] == "sim"
     assert g["status"] == s["status"] == "ok"
-    assert set(gd) == set(sd) == {"canary", "campaign", "prealloc", "main_stash", "refs"}
+    assert set(gd) == set(sd) == set(DESIGNS)
     for r in (g, s):
         assert r["params"]["workload"]["think_ms_max"] > 0, "02 ran with tool calls counted in steps"
 
 
-@pytest.mark.parametrize("design", CASES)
-def test_a_design_diverges_and_moves_the_rate_alike_on_both_backends(design):
+@pytest.mark.parametrize("design", DIVERGENCE)
+def test_a_design_diverges_on_the_simulator_only_where_it_diverges_on_the_gpu(design):
     gpu, sim = _designs(GPU)[1][design], _designs(SIM)[1][design]
+    assert sim["comparisons"] > 0 or design == "canary"
     assert (sim["diverged"] > 0) == (gpu["diverged"] > 0), (sim["diverged"], gpu["diverged"])
+
+
+@pytest.mark.parametrize("design", DIRECTION)
+def test_a_design_moves_the_rate_alike_on_both_backends(design):
+    gpu, sim = _designs(GPU)[1][design], _designs(SIM)[1][design]
     assert sim["effect"] == gpu["effect"], (sim["effect"], gpu["effect"])
 
 
