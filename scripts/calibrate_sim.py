@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 import torch
+from scipy.stats import linregress
 
 from kernels import indexer as kx
 from nblib.backends.device import cuda_graph_seconds
@@ -66,10 +67,9 @@ def topk_fits():
     fits = {}
     for k in TOPK_KS:
         pts = [(r * c * 4, t) for (kk, r, c), t in grid.items() if kk == k]
-        n = len(pts)
-        mx, my = sum(b for b, _ in pts) / n, sum(t for _, t in pts) / n
-        slope = sum((b - mx) * (t - my) for b, t in pts) / sum((b - mx) ** 2 for b, _ in pts)
-        fits[str(k)] = dict(fixed_s=my - slope * mx, Bps=1.0 / slope)
+        fit = linregress([b for b, _ in pts], [t for _, t in pts])
+        # a slope at or below zero: the call's time does not grow with its bytes on this grid
+        fits[str(k)] = dict(fixed_s=fit.intercept, Bps=1.0 / fit.slope if fit.slope > 0 else math.inf)
     return fits, {f"{k} {r} {c}": t for (k, r, c), t in grid.items()}
 
 

@@ -213,3 +213,19 @@ def test_the_anchor_field_group_names_every_form_of_every_field_case(anchors):
     # a buggy form that races is expected to race, its fixed form to be clean
     assert {s.expect for s in specs if s.name.endswith(":fixed")} == {"clean"}
     assert "race" in {s.expect for s in specs if s.name.endswith(":buggy")}
+
+
+def test_the_calibrations_top_k_fit_recovers_a_known_cost(monkeypatch):
+    """calibrate_sim's top-k fit per k, on a grid timed by a known affine cost rather than a GPU."""
+    spec = importlib.util.spec_from_file_location("calibrate_sim", ROOT / "scripts" / "calibrate_sim.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    cost = {16: (50e-6, 6e11), 512: (90e-6, 4e11)}  # k -> (fixed seconds, input bytes per second)
+    monkeypatch.setattr(mod, "topk_seconds", lambda r, c, k: cost[k][0] + r * c * 4 / cost[k][1])
+    fits, grid = mod.topk_fits()
+    for k, (fixed, bps) in cost.items():
+        assert fits[str(k)]["fixed_s"] == pytest.approx(fixed, rel=1e-9)
+        assert fits[str(k)]["Bps"] == pytest.approx(bps, rel=1e-9)
+    assert grid["16 1 16384"] == pytest.approx(50e-6 + 16384 * 4 / 6e11)
+    monkeypatch.setattr(mod, "topk_seconds", lambda r, c, k: 70e-6)  # no growth with bytes
+    assert mod.topk_fits()[0]["16"]["Bps"] == float("inf")

@@ -173,10 +173,15 @@ def is_paged(func):
     return roles is not None and roles.cache is not None
 
 
+def has_cost(func):
+    """Whether the bytes func moves do not time it (node_cost gives its duration): a paged op, or
+    torch.topk (several kernels a call). Cheap: an eager op asks before its arguments are walked."""
+    return func is torch.ops.aten.topk.default or is_paged(func)
+
+
 def node_cost(func, leaves, spec, nbytes):
-    """The node's duration as a closure of the Timing, for ops the bytes they move do not time:
-    a paged op (its sequence lengths decide) and torch.topk (several kernels a call); None for
-    every other op."""
+    """The node's duration as a closure of the Timing, for the ops has_cost names; None for every
+    other op."""
     if func is torch.ops.aten.topk.default:
         args, kwargs = tree_unflatten(leaves, spec)
         x, k = args[0], arg(args, kwargs, 1, "k")

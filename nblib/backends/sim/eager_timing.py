@@ -20,7 +20,7 @@ from torch.utils._pytree import tree_flatten
 
 from nblib.backends.opinfo import op_info
 from nblib.backends.sim.arena import bytes_moved
-from nblib.backends.sim.capture import is_paged, node_cost
+from nblib.backends.sim.capture import has_cost, node_cost
 
 
 class StreamClocks:
@@ -58,7 +58,7 @@ class StreamClocks:
 def op_seconds(timing, func, args, kwargs, out):
     """One eager op's kernel under the timing model, without jitter: as a captured node's duration."""
     nbytes = bytes_moved(_tensors(args, kwargs.values(), out if isinstance(out, (list, tuple)) else (out,)))
-    if is_paged(func) or func is torch.ops.aten.topk.default:
+    if has_cost(func):
         leaves, spec = tree_flatten((args, kwargs))
         return float(node_cost(func, leaves, spec, nbytes)(timing))
     # an op on empty tensors launches nothing
