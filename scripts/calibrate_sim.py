@@ -11,10 +11,12 @@ Each figure is a median over CUDA-graph replays timed with CUDA events:
                          program per request at bs 1, the slope between two context lengths
   sigma                  the per-node jitter: std of log(replay time) of the N-kernel graph, times
                          sqrt(N) (independent per-node jitter adds up in quadrature)
-  topk                   torch.topk over fp32 rows, one fit per k: fixed_s + rows * cols * 4 / Bps,
-                         least squares over a grid of rows and row lengths (the graph holds the
-                         several kernels torch runs for one call: radix passes over every row, then
-                         a sort of the k found), so a simulated top-k lasts what the GPU's does
+  topk                   torch.topk over fp32 rows, one grid per k: the seconds of a call for each
+                         number of rows (the profiles' buckets) and row length (the graph holds the
+                         several kernels torch runs for one call: radix passes, then a sort of the
+                         k found), so a simulated top-k lasts what the GPU's does. No fit: how torch
+                         spreads a call over the GPU changes with its shape, and a call over a few
+                         long rows can outlast one over many
 """
 
 import argparse
@@ -26,7 +28,6 @@ import time
 from pathlib import Path
 
 import torch
-from scipy.stats import linregress
 
 from kernels import indexer as kx
 from nblib.backends.device import cuda_graph_seconds
@@ -51,8 +52,8 @@ def indexer_seconds(ctx, heads=64, dim=128):
     return statistics.median(graph_times(lambda: kx.indexer_logits_bf16(q, w, cache, table, lens, out, 1)))
 
 
-TOPK_ROWS = (1, 8, 24, 40)
-TOPK_COLS = (16384, 131072, 262144)
+TOPK_ROWS = (1, 8, 16, 20, 24, 28, 32, 36, 40, 48)
+TOPK_COLS = (16384, 65536, 131072, 262144)
 TOPK_KS = (16, 512)
 
 
@@ -61,16 +62,16 @@ def topk_seconds(rows, cols, k):
     return statistics.median(graph_times(lambda: torch.topk(x, k, dim=-1), replays=100))
 
 
-def topk_fits():
-    """{k: {fixed_s, Bps}} from the grid, and the grid's medians ("k rows cols" -> seconds)."""
-    grid = {(k, r, c): topk_seconds(r, c, k) for k in TOPK_KS for r in TOPK_ROWS for c in TOPK_COLS}
-    fits = {}
-    for k in TOPK_KS:
-        pts = [(r * c * 4, t) for (kk, r, c), t in grid.items() if kk == k]
-        fit = linregress([b for b, _ in pts], [t for _, t in pts])
-        # a slope at or below zero: the call's time does not grow with its bytes on this grid
-        fits[str(k)] = dict(fixed_s=fit.intercept, Bps=1.0 / fit.slope if fit.slope > 0 else math.inf)
-    return fits, {f"{k} {r} {c}": t for (k, r, c), t in grid.items()}
+def topk_grids():
+    """{k: {rows, cols, seconds}}: seconds[i][j] the median call over rows[i] rows of cols[j]."""
+    return {
+        str(k): dict(
+            rows=list(TOPK_ROWS),
+            cols=list(TOPK_COLS),
+            seconds=[[topk_seconds(r, c, k) for c in TOPK_COLS] for r in TOPK_ROWS],
+        )
+        for k in TOPK_KS
+    }
 
 
 def main():
@@ -87,7 +88,7 @@ def main():
     short, long_ = 2048, 32768
     t_short, t_long = indexer_seconds(short), indexer_seconds(long_)
     logs = [math.log(t) for t in tiny]
-    topk, topk_grid = topk_fits()
+    topk = topk_grids()
     timing = dict(
         latency_s=statistics.median(tiny) / N_TINY,
         bandwidth_Bps=2 * big.numel() * big.element_size() / copy,
@@ -101,7 +102,6 @@ def main():
             tiny_graph_s=statistics.median(tiny),
             copy_s=copy,
             indexer_s={short: t_short, long_: t_long},
-            topk_s=topk_grid,
         ),
         device=torch.cuda.get_device_name(),
         torch=torch.__version__,

@@ -49,6 +49,17 @@ def variant(profile, spec):
     return shapes, work, buckets
 
 
+def counterfactual_topk(profile, specs, fits):
+    """The simulator's top-k grids for --topk-fit: each fit's cost at every shape the variants' top-k
+    calls take (rows: any batch up to the largest bucket; row length: their max_ctx)."""
+    from nblib.backends.sim.timing import TopkGrid  # the simulator's model: only a sim probe asks
+
+    shapes = [variant(profile, s) for s in specs]
+    rows = range(1, max(max(b) for _, _, b in shapes) + 1)
+    cols = {m["max_ctx"] for m, _, _ in shapes}
+    return tuple(sorted(TopkGrid.of_cost(k, f, b, rows, cols) for k, f, b in fits))
+
+
 def probe(dev, profile, spec, runs, blocks):
     """The protocol for one variant, captured once, from each base seed in `blocks`."""
     shapes, work, buckets = variant(profile, spec)
@@ -93,7 +104,7 @@ def main():
         if profile["backend"] != "sim":
             sys.exit("error: --topk-fit changes the simulator's timing model; use it with a sim profile")
         fits = tuple((int(k), float(f), float(b)) for k, f, b in (x.split(":") for x in a.topk_fit))
-        dev.timing = dataclasses.replace(dev.timing, topk=fits)
+        dev.timing = dataclasses.replace(dev.timing, topk=counterfactual_topk(profile, a.variants, fits))
         result["topk_fit"] = [list(f) for f in fits]
     blocks = a.blocks if a.blocks else [profile["seed"]]
     result["variants"] = [row for v in a.variants for row in probe(dev, profile, v, a.runs, blocks)]

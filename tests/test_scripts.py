@@ -215,17 +215,22 @@ def test_the_anchor_field_group_names_every_form_of_every_field_case(anchors):
     assert "race" in {s.expect for s in specs if s.name.endswith(":buggy")}
 
 
-def test_the_calibrations_top_k_fit_recovers_a_known_cost(monkeypatch):
-    """calibrate_sim's top-k fit per k, on a grid timed by a known affine cost rather than a GPU."""
+def test_the_calibrations_top_k_grid_holds_each_measured_shape(monkeypatch):
+    """calibrate_sim's top-k grid per k, timed by a known cost rather than a GPU: each cell is the
+    call it names, rows down, row lengths across, and the simulator reads the file it writes."""
     spec = importlib.util.spec_from_file_location("calibrate_sim", ROOT / "scripts" / "calibrate_sim.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    cost = {16: (50e-6, 6e11), 512: (90e-6, 4e11)}  # k -> (fixed seconds, input bytes per second)
-    monkeypatch.setattr(mod, "topk_seconds", lambda r, c, k: cost[k][0] + r * c * 4 / cost[k][1])
-    fits, grid = mod.topk_fits()
-    for k, (fixed, bps) in cost.items():
-        assert fits[str(k)]["fixed_s"] == pytest.approx(fixed, rel=1e-9)
-        assert fits[str(k)]["Bps"] == pytest.approx(bps, rel=1e-9)
-    assert grid["16 1 16384"] == pytest.approx(50e-6 + 16384 * 4 / 6e11)
-    monkeypatch.setattr(mod, "topk_seconds", lambda r, c, k: 70e-6)  # no growth with bytes
-    assert mod.topk_fits()[0]["16"]["Bps"] == float("inf")
+    monkeypatch.setattr(mod, "topk_seconds", lambda r, c, k: k * 1e-6 + r * 1e-3 + c * 1e-9)
+    grids = mod.topk_grids()
+    assert set(grids) == {"16", "512"}
+    for k, g in grids.items():
+        assert g["rows"] == [1, 8, 16, 20, 24, 28, 32, 36, 40, 48]
+        assert g["cols"] == [16384, 65536, 131072, 262144]
+        for i, r in enumerate(g["rows"]):
+            for j, c in enumerate(g["cols"]):
+                assert g["seconds"][i][j] == pytest.approx(int(k) * 1e-6 + r * 1e-3 + c * 1e-9)
+    from nblib.backends.sim.timing import TopkGrid
+
+    grid = TopkGrid.from_json("16", json.loads(json.dumps(grids["16"])))
+    assert grid.at(24, 131072) == pytest.approx(16e-6 + 24e-3 + 131072e-9)

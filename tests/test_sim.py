@@ -13,6 +13,7 @@ from sim_steps import batches, sim_model
 
 from kernels.indexer import PAGE
 from nblib.backends.sim import MB, CachingAllocator, SimCaptureError, SimDevice, allocation_size, round_size
+from nblib.backends.sim.timing import TopkGrid
 
 A, B = "streamA", "streamB"  # the allocator used alone keys blocks by any hashable stream
 
@@ -596,17 +597,24 @@ def _topk_graph(dev, rows, cols, k):
     return g
 
 
-def test_a_top_k_node_lasts_what_the_calibration_measured_for_the_nearest_k():
-    """torch.topk is several kernels on a GPU, so its node is timed by the measured fit of the nearest
-    k (on a log scale), not by its bytes; with no fit, by its bytes like any other node."""
+def test_a_top_k_node_lasts_what_the_calibration_measured_for_its_shape_and_the_nearest_k():
+    """torch.topk is several kernels on a GPU, so its node is timed by the measured grid of the nearest
+    k (on a log scale), not by its bytes: at a measured shape, the measured seconds; between two
+    measured row counts, on the straight line between them in log rows; beyond the grid, its edge.
+    A call over fewer rows may last longer (as torch.topk's on an H200); with no grid, its bytes."""
     dev = SimDevice()
-    fits = ((16, 40e-6, 1e12), (512, 90e-6, 2e12))
-    dev.timing = dataclasses.replace(dev.timing, topk=fits)
-    nbytes = 8 * 4096 * 4
-    assert _topk_graph(dev, 8, 4096, 16).expected_seconds() == pytest.approx(40e-6 + nbytes / 1e12)
-    assert _topk_graph(dev, 8, 4096, 48).expected_seconds() == pytest.approx(40e-6 + nbytes / 1e12)
-    assert _topk_graph(dev, 8, 4096, 300).expected_seconds() == pytest.approx(90e-6 + nbytes / 2e12)
+    k16 = TopkGrid(16, (1, 8, 32), (4096, 65536), ((90e-6, 300e-6), (40e-6, 120e-6), (60e-6, 150e-6)))
+    k512 = TopkGrid(512, (1, 32), (4096,), ((200e-6,), (250e-6,)))
+    dev.timing = dataclasses.replace(dev.timing, topk=(k16, k512))
+    assert _topk_graph(dev, 8, 4096, 16).expected_seconds() == pytest.approx(40e-6)
+    assert _topk_graph(dev, 1, 65536, 16).expected_seconds() == pytest.approx(300e-6)
+    assert _topk_graph(dev, 1, 4096, 48).expected_seconds() == pytest.approx(90e-6)  # 48 is nearer 16
+    assert _topk_graph(dev, 1, 4096, 300).expected_seconds() == pytest.approx(200e-6)
+    # 16 rows: halfway between 8 and 32 on a log2 scale (3 -> 4 -> 5)
+    assert _topk_graph(dev, 16, 4096, 16).expected_seconds() == pytest.approx(50e-6)
+    assert _topk_graph(dev, 64, 1 << 20, 16).expected_seconds() == pytest.approx(150e-6)
     dev.timing = dataclasses.replace(dev.timing, topk=())
+    nbytes = 8 * 4096 * 4
     moved = nbytes + 8 * 16 * (4 + 8)  # the input, the values and the int64 indices
     assert _topk_graph(dev, 8, 4096, 16).expected_seconds() == pytest.approx(
         dev.timing.latency + moved / dev.timing.bandwidth
@@ -615,9 +623,9 @@ def test_a_top_k_node_lasts_what_the_calibration_measured_for_the_nearest_k():
 
 def test_an_eager_top_k_takes_its_stream_as_long_as_its_replayed_node():
     dev = SimDevice()
-    dev.timing = dataclasses.replace(dev.timing, topk=((16, 40e-6, 1e12),))
+    dev.timing = dataclasses.replace(dev.timing, topk=(TopkGrid(16, (8,), (4096,), ((40e-6,),)),))
     x = torch.randn(8, 4096)
     with dev.eager_timing():
         t0 = dev.streams.latest()
         torch.topk(x, 16, dim=-1)
-        assert dev.streams.latest() - t0 == pytest.approx(40e-6 + x.numel() * 4 / 1e12)
+        assert dev.streams.latest() - t0 == pytest.approx(40e-6)

@@ -185,8 +185,9 @@ def node_cost(func, leaves, spec, nbytes):
     if func is torch.ops.aten.topk.default:
         args, kwargs = tree_unflatten(leaves, spec)
         x, k = args[0], arg(args, kwargs, 1, "k")
-        in_bytes = x.numel() * x.element_size()
-        return lambda timing: timing.topk_seconds(in_bytes, k, nbytes)
+        cols = x.shape[-1] if x.dim() else 1
+        rows = x.numel() // max(cols, 1)
+        return lambda timing: timing.topk_seconds(rows, cols, k, nbytes)
     return paged_cost(func, leaves, spec)
 
 

@@ -12,10 +12,13 @@ kernel node), and `Timing.calibrated()` reads it. The indexer is data-dependent:
 computed at each replay from that replay's sequence lengths (`indexer_seconds`), so a step with a
 longer context really runs longer, as on the GPU. torch.topk is no single pass over its input on a
 GPU: it runs radix passes over every row, then sorts what it found, several kernels of one call; its
-node lasts what the calibration measured for that call (`topk_seconds`, one affine fit in the input's
-bytes per k), so the window in which a late write can reach the top-k's reads is the GPU's.
+node lasts what the calibration measured for a call of that shape (`topk_seconds`: the measured grid of
+rows and row lengths for the nearest k, interpolated), so the window in which a late write can reach
+the top-k's reads is the GPU's. Its time is no function of its bytes alone: on the H200, a call over
+few long rows spreads each row over many blocks and can outlast one over many rows.
 """
 
+import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +29,33 @@ import numpy as np
 from nblib.core.paths import ROOT
 
 CALIBRATION = ROOT / "params" / "calibration" / "h200.json"
+
+
+class TopkGrid(NamedTuple):
+    """torch.topk timed on a GPU for one k: seconds[i][j] for rows[i] rows of cols[j] fp32 each."""
+
+    k: int
+    rows: tuple[int, ...]
+    cols: tuple[int, ...]
+    seconds: tuple[tuple[float, ...], ...]
+
+    @classmethod
+    def from_json(cls, k, d):
+        return cls(int(k), tuple(d["rows"]), tuple(d["cols"]), tuple(tuple(r) for r in d["seconds"]))
+
+    def at(self, rows, cols):
+        """Piecewise linear in log rows and log cols between the measured points, the edge's value
+        beyond them (a shape outside the grid is not extrapolated)."""
+        lc, lr = np.log(self.cols), np.log(self.rows)
+        per_row = [np.interp(np.log(max(cols, 1)), lc, r) for r in self.seconds]
+        return float(np.interp(np.log(max(rows, 1)), lr, per_row))
+
+    @classmethod
+    def of_cost(cls, k, fixed_s, bps, rows, cols):
+        """A grid holding fixed_s + rows * cols * 4 / bps at the given shapes (a counterfactual for a
+        probe, exact at those shapes)."""
+        rows, cols = tuple(sorted(set(rows))), tuple(sorted(set(cols)))
+        return cls(k, rows, cols, tuple(tuple(fixed_s + r * c * 4 / bps for c in cols) for r in rows))
 
 
 @dataclass(frozen=True)
@@ -39,9 +69,9 @@ class Timing:
     program_bandwidth: float
     sigma: float
     source: str = "given"
-    # torch.topk as the GPU times it: (k, fixed seconds, input bytes per second), one fit per k
-    # measured; empty: a top-k node is timed by its bytes like any other
-    topk: tuple[tuple[int, float, float], ...] = ()
+    # torch.topk as the GPU times it, one grid per k measured; empty: a top-k node is timed by its
+    # bytes like any other
+    topk: tuple[TopkGrid, ...] = ()
     # ops (as the capture names them: "aten.clone.default") whose nodes off the capture's own
     # stream take no time, or with free_side_bytes only their launch latency: a counterfactual for a
     # probe (what a design's side-stream kernels cost the race, scripts/sim_copy_probe.py); the
@@ -58,7 +88,7 @@ class Timing:
                 "and copy its h200.json there"
             )
         c = json.loads(path.read_text())["timing"]
-        topk = tuple(sorted((int(k), f["fixed_s"], f["Bps"]) for k, f in c.get("topk", {}).items()))
+        topk = tuple(sorted(TopkGrid.from_json(k, g) for k, g in c.get("topk", {}).items()))
         return cls(
             c["latency_s"], c["bandwidth_Bps"], c["program_bandwidth_Bps"], c["sigma"], str(path), topk
         )
@@ -69,13 +99,14 @@ class Timing:
     def jitter(self, n, rng):
         return rng.lognormal(0.0, self.sigma, n)
 
-    def topk_seconds(self, in_bytes, k, nbytes):
-        """One torch.topk call over `in_bytes` of input: the calibrated fit of the nearest measured k
-        (nearest on a log scale: the final sort grows with k), or, with none, nbytes moved."""
+    @functools.lru_cache(maxsize=256)  # noqa: B019 (frozen and hashable; a node asks at every replay)
+    def topk_seconds(self, rows, cols, k, nbytes):
+        """One torch.topk call over rows x cols: the calibrated grid of the nearest measured k (nearest
+        on a log scale: the final sort grows with k), or, with none, nbytes moved."""
         if not self.topk:
             return float(self.seconds(nbytes))
-        _, fixed, bps = min(self.topk, key=lambda f: abs(np.log(f[0] / max(k, 1))))
-        return fixed + in_bytes / bps
+        grid = min(self.topk, key=lambda g: abs(np.log(g.k / max(k, 1))))
+        return grid.at(rows, cols)
 
     def indexer_seconds(self, seq_lens, entry_bytes, per_request, out_bytes):
         """The paged indexer for one replay. per_request > 0: each request's programs stream its
