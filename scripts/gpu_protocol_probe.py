@@ -2,7 +2,7 @@
 
     python scripts/gpu_protocol_probe.py OUTDIR [--params params/gpu.yaml] [--runs 5] [--blocks 0 100]
         [--variants "trunk_layers=25" "trunk_layers=26;out_min=32;out_max=64;buckets=1,8,16,24"]
-        [--designs] [--topk-fit K:FIXED_S:BPS ...]
+        [--designs] [--topk-fit K:FIXED_S:BPS ...] [--calibration FILE]
 
 Each variant overrides model or workload keys of the profile, or its buckets (`key=value`,
 `;`-separated), and runs the protocol (every session decoding together, every step counted) for
@@ -13,7 +13,9 @@ steps and corrupted steps.
 OUTDIR/protocol.json and OUTDIR/protocol.md, with the commit (NBLIB_COMMIT) and the device.
 `--topk-fit` (simulator only, a counterfactual the suite never uses) times each torch.topk call as
 FIXED_S + input bytes / BPS for the nearest K instead of the calibration's fit: what the race would be
-if the top-k lasted that long; the files name it.
+if the top-k lasted that long; the files name it. `--calibration` (simulator only) times the simulator
+by another calibration file (`scripts/calibrate_sim.py`'s, from another GPU) instead of
+params/calibration/h200.json.
 """
 
 import argparse
@@ -60,6 +62,15 @@ def counterfactual_topk(profile, specs, fits):
     return tuple(sorted(TopkGrid.of_cost(k, f, b, rows, cols) for k, f, b in fits))
 
 
+def calibrated(path):
+    """The simulator's timing from a calibration file."""
+    from nblib.backends.sim.timing import Timing  # the simulator's model: only a sim probe asks
+
+    if not Path(path).is_file():
+        sys.exit(f"error: no calibration file at {path}: give a file scripts/calibrate_sim.py wrote")
+    return Timing.calibrated(path)
+
+
 def probe(dev, profile, spec, runs, blocks):
     """The protocol for one variant, captured once, from each base seed in `blocks`."""
     shapes, work, buckets = variant(profile, spec)
@@ -95,14 +106,18 @@ def main():
     ap.add_argument("--blocks", type=int, nargs="*", default=None)
     ap.add_argument("--designs", action="store_true")
     ap.add_argument("--topk-fit", nargs="*", default=None, metavar="K:FIXED_S:BPS")
+    ap.add_argument("--calibration", default=None, metavar="FILE")
     a = ap.parse_args()
     profile = params.load(a.params)
     dev = device.get(profile["backend"])
     out = Path(a.out)
     result = dict(commit=os.environ.get("NBLIB_COMMIT", "unknown"), device=dev.device_name(), params=a.params)
+    if (a.topk_fit is not None or a.calibration) and profile["backend"] != "sim":
+        sys.exit("error: --topk-fit and --calibration change the simulator's timing model; use a sim profile")
+    if a.calibration:
+        dev.timing = calibrated(a.calibration)
+        result["calibration"] = a.calibration
     if a.topk_fit is not None:
-        if profile["backend"] != "sim":
-            sys.exit("error: --topk-fit changes the simulator's timing model; use it with a sim profile")
         fits = tuple((int(k), float(f), float(b)) for k, f, b in (x.split(":") for x in a.topk_fit))
         dev.timing = dataclasses.replace(dev.timing, topk=counterfactual_topk(profile, a.variants, fits))
         result["topk_fit"] = [list(f) for f in fits]
@@ -112,6 +127,8 @@ def main():
         result["designs"] = [designs_of(dev, profile, v, a.runs) for v in a.variants]
     write_text(out / "protocol.json", json.dumps(result, indent=1, default=str))
     lines = [f"# Protocol probe at {result['commit']}, {result['device']}, {a.params}", ""]
+    if "calibration" in result:
+        lines += [f"Simulator timed by the calibration {result['calibration']}", ""]
     if "topk_fit" in result:
         lines += [f"Counterfactual top-k timing (k, fixed s, input bytes/s): {result['topk_fit']}", ""]
     for v in result["variants"]:
