@@ -2,7 +2,7 @@
 
     python scripts/gpu_protocol_probe.py OUTDIR [--params params/gpu.yaml] [--runs 5] [--blocks 0 100]
         [--variants "trunk_layers=25" "trunk_layers=26;out_min=32;out_max=64;buckets=1,8,16,24"]
-        [--designs] [--topk-fit K:FIXED_S:BPS ...] [--calibration FILE]
+        [--designs] [--topk-fit K:FIXED_S:BPS ...] [--topk-grid FILE] [--calibration FILE]
 
 Each variant overrides model or workload keys of the profile, or its buckets (`key=value`,
 `;`-separated), and runs the protocol (every session decoding together, every step counted) for
@@ -13,7 +13,9 @@ steps and corrupted steps.
 OUTDIR/protocol.json and OUTDIR/protocol.md, with the commit (NBLIB_COMMIT) and the device.
 `--topk-fit` (simulator only, a counterfactual the suite never uses) times each torch.topk call as
 FIXED_S + input bytes / BPS for the nearest K instead of the calibration's fit: what the race would be
-if the top-k lasted that long; the files name it. `--calibration` (simulator only) times the simulator
+if the top-k lasted that long; the files name it. `--topk-grid` (simulator only, a counterfactual too)
+times it by the grids in FILE, JSON as the calibration's `timing.topk` ({k: {rows, cols, seconds}}).
+`--calibration` (simulator only) times the simulator
 by another calibration file (`scripts/calibrate_sim.py`'s, from another GPU) instead of
 params/calibration/h200.json.
 """
@@ -71,6 +73,20 @@ def calibrated(path):
     return Timing.calibrated(path)
 
 
+def grids_of(path):
+    """The top-k grids in a JSON file ({k: {rows, cols, seconds}}), checked before any run."""
+    from nblib.backends.sim.timing import TopkGrid  # the simulator's model: only a sim probe asks
+
+    try:
+        grids = tuple(sorted(TopkGrid.from_json(k, g) for k, g in json.loads(Path(path).read_text()).items()))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        sys.exit(f"error: --topk-grid {path}: not a JSON object of k -> {{rows, cols, seconds}} ({e})")
+    for g in grids:
+        if len(g.seconds) != len(g.rows) or any(len(r) != len(g.cols) for r in g.seconds):
+            sys.exit(f"error: --topk-grid {path}: k {g.k}: seconds must be len(rows) lists of len(cols)")
+    return grids
+
+
 def probe(dev, profile, spec, runs, blocks):
     """The protocol for one variant, captured once, from each base seed in `blocks`."""
     shapes, work, buckets = variant(profile, spec)
@@ -106,14 +122,17 @@ def main():
     ap.add_argument("--blocks", type=int, nargs="*", default=None)
     ap.add_argument("--designs", action="store_true")
     ap.add_argument("--topk-fit", nargs="*", default=None, metavar="K:FIXED_S:BPS")
+    ap.add_argument("--topk-grid", default=None, metavar="FILE")
     ap.add_argument("--calibration", default=None, metavar="FILE")
     a = ap.parse_args()
     profile = params.load(a.params)
     dev = device.get(profile["backend"])
     out = Path(a.out)
     result = dict(commit=os.environ.get("NBLIB_COMMIT", "unknown"), device=dev.device_name(), params=a.params)
-    if (a.topk_fit is not None or a.calibration) and profile["backend"] != "sim":
-        sys.exit("error: --topk-fit and --calibration change the simulator's timing model; use a sim profile")
+    if (a.topk_fit is not None or a.topk_grid or a.calibration) and profile["backend"] != "sim":
+        sys.exit("error: --topk-fit, --topk-grid, --calibration time the simulator; use a sim profile")
+    if a.topk_fit is not None and a.topk_grid:
+        sys.exit("error: give --topk-fit or --topk-grid, not both")
     if a.calibration:
         dev.timing = calibrated(a.calibration)
         result["calibration"] = a.calibration
@@ -121,6 +140,9 @@ def main():
         fits = tuple((int(k), float(f), float(b)) for k, f, b in (x.split(":") for x in a.topk_fit))
         dev.timing = dataclasses.replace(dev.timing, topk=counterfactual_topk(profile, a.variants, fits))
         result["topk_fit"] = [list(f) for f in fits]
+    if a.topk_grid:
+        dev.timing = dataclasses.replace(dev.timing, topk=grids_of(a.topk_grid))
+        result["topk_grid"] = json.loads(Path(a.topk_grid).read_text())
     blocks = a.blocks if a.blocks else [profile["seed"]]
     result["variants"] = [row for v in a.variants for row in probe(dev, profile, v, a.runs, blocks)]
     if a.designs:
@@ -129,6 +151,11 @@ def main():
     lines = [f"# Protocol probe at {result['commit']}, {result['device']}, {a.params}", ""]
     if "calibration" in result:
         lines += [f"Simulator timed by the calibration {result['calibration']}", ""]
+    if "topk_grid" in result:
+        lines += [
+            f"Counterfactual top-k timing (k: rows, row lengths, seconds): {json.dumps(result['topk_grid'])}",
+            "",
+        ]
     if "topk_fit" in result:
         lines += [f"Counterfactual top-k timing (k, fixed s, input bytes/s): {result['topk_fit']}", ""]
     for v in result["variants"]:
