@@ -122,3 +122,24 @@ def test_under_the_forced_order_each_design_reads_alike_on_both_backends():
         assert (gpu[design] > 0) == (sim[design] > 0), (design, gpu[design], sim[design])
         assert abs(gpu[design] - sim[design]) <= 0.25, (design, gpu[design], sim[design])
     assert gpu["refs"] == sim["refs"] == 0  # the race gone from its graphs, on both
+
+
+def test_the_writeup_says_where_the_race_sits_against_the_largest_bucket():
+    from nblib.publish import report
+    from nblib.publish.caveats import direction_note
+    from nblib.studies.protocol import BucketSteps
+
+    def steps(*rows):
+        return [BucketSteps(bucket=b, steps=n, corrupted_steps=c) for b, n, c in rows]
+
+    below = direction_note(steps((20, 30, 12), (40, 300, 0), (48, 0, 0)))  # 48 captured, never filled
+    assert below.startswith("The race sits below bucket 40") and "0 of 300" in below
+    reaches = direction_note(steps((36, 34, 19), (40, 17, 1)))
+    assert reaches.startswith("The race reaches bucket 40") and "1 of 17" in reaches
+    assert direction_note(steps((20, 30, 0), (40, 300, 0))) == ""  # no race to place
+    for path, word in (
+        (GPU, "sits below bucket 40"),
+        (GPU_H100, "reaches bucket 40"),
+        (SIM, "reaches bucket 40"),
+    ):
+        assert word in "\n".join(report.backend_section(report.load(path.parent))), path

@@ -83,6 +83,29 @@ def backend_notes(results: Mapping[str, Any]) -> list[tuple[str, str]]:
     return notes
 
 
+def direction_note(bucket_steps: Sequence[Any]) -> str:
+    """Where off's race sits against the largest bucket its runs filled, and what that means for an
+    instrument that slows a step (bucket_steps: off's pooled BucketSteps); "" with no steps."""
+    filled = [b for b in bucket_steps if b.steps]
+    if not filled or not any(b.corrupted_steps for b in filled):
+        return ""
+    top = max(filled, key=lambda b: b.bucket)
+    counts = f"{top.corrupted_steps} of {top.steps} of off's steps there lost the race"
+    if top.corrupted_steps:
+        return (
+            f"The race reaches bucket {top.bucket}, the largest these runs filled ({counts}): an "
+            "instrument's cost brings tool calls back sooner, more sessions decode together, and their "
+            "steps stay in the race, so a design that lengthens the side branch raises the rate with "
+            "nothing to offset it. Where the race sits below the largest bucket, those steps leave it "
+            "and the two effects can offset: a design's direction is the run's, not the design's alone."
+        )
+    return (
+        f"The race sits below bucket {top.bucket}, the largest these runs filled ({counts}): an "
+        "instrument's cost that brings sessions together moves steps out of the race, which can offset "
+        "the rise a longer side branch gives the steps that stay."
+    )
+
+
 def _reproduce_notes(r):
     """Which buckets corrupt, which alias, and where an alias stayed clean (the window's doing)."""
     alias = sorted({a.bucket for a in r.aliases or [] if a.overlap == "on" and a.bucket > 1})
@@ -104,6 +127,9 @@ def _reproduce_notes(r):
 
 def _differential_notes(r):
     notes = [divergence_note([a.model_dump() for a in (r.off, *r.designs)], r.recommended)]
+    timed = ((r.params or {}).get("workload") or {}).get("think_ms_max", 0) > 0
+    if r.off is not None and timed:  # tool calls in time: a step's cost moves the batch
+        notes.append(direction_note(r.off.bucket_steps))
     cost = r.overhead or []
     if cost and not gpu_time(cost[0].method):
         notes.append(
