@@ -20,6 +20,7 @@ Modules, bottom to top:
              the last tensor sharing its storage dies (CPython refcounting)
   fastops    host shortcuts a replayed node runs in place of its op: the same bytes, sooner
   gemm       bf16 mm/bmm as a GPU computes them (fp32 sums, one rounding), installed on import
+  heap       glibc's thresholds raised on import, so large host tensors reuse freed blocks
   rules      a broken capture rule (nblib.backends.capture_rules): SimCaptureError where CUDA
              fails the capture, and the capture it invalidates
   streams    streams and events: bookkeeping; while capturing they carry dependency frontiers
@@ -56,10 +57,12 @@ from nblib.backends.sim.capture import Node, NodeAccess, python_stack
 from nblib.backends.sim.facade import SimDevice
 from nblib.backends.sim.gemm import install as _install_gemm
 from nblib.backends.sim.graph import SimGraph
+from nblib.backends.sim.heap import keep_large_blocks as _keep_large_blocks
 from nblib.backends.sim.streams import SimEvent, SimStream, Sync
 from nblib.backends.sim.timing import Schedule, Timing
 
 _install_gemm()  # eager steps, replays and CPU references share one bf16 GEMM (gemm.py)
+_keep_large_blocks()  # a step's tens-of-MB tensors reuse the heap's blocks (heap.py)
 
 __all__ = [
     "MB",
