@@ -14,8 +14,10 @@ longer context really runs longer, as on the GPU. torch.topk is no single pass o
 GPU: it runs radix passes over every row, then sorts what it found, several kernels of one call; its
 node lasts what the calibration measured for a call of that shape (`topk_seconds`: the measured grid of
 rows and row lengths for the nearest k, interpolated), so the window in which a late write can reach
-the top-k's reads is the GPU's. Its time is no function of its bytes alone: on the H200, a call over
-few long rows spreads each row over many blocks and can outlast one over many rows.
+the top-k's reads is the GPU's. Its time is no function of its bytes alone: on an H100
+(`params/calibration/h100.json`), k = 16 over one row of 16,384 takes 64 us and over 24 such rows 55
+us (torch spreads a few long rows over many blocks each), while over rows of 262,144 it grows from 70
+us at one row to 209 us at 40.
 """
 
 import functools
