@@ -10,7 +10,7 @@ Each variant overrides model or workload keys of the profile, or its buckets (`k
 sessions, the pooled rate, the dispersion test, the sessions one corrupted step hit, and each bucket's
 steps and corrupted steps.
 `--designs` then runs notebook 02's arms on each variant, from the profile's seed. Writes
-OUTDIR/protocol.json and OUTDIR/protocol.md, with the commit (NBLIB_COMMIT) and the device.
+OUTDIR/protocol.json and OUTDIR/protocol.md, with the commit (NBLIB_COMMIT, else git's HEAD) and the device.
 `--topk-fit` (simulator only, a counterfactual the suite never uses) times each torch.topk call as
 FIXED_S + input bytes / BPS for the nearest K instead of the calibration's fit: what the race would be
 if the top-k lasted that long; the files name it. `--topk-grid` (simulator only, a counterfactual too)
@@ -23,7 +23,6 @@ params/calibration/h200.json.
 import argparse
 import dataclasses
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -32,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from nblib.backends import device  # noqa: E402
 from nblib.core.files import write_text  # noqa: E402
+from nblib.core.results import commit  # noqa: E402
 from nblib.engine import build  # noqa: E402
 from nblib.engine.model import ModelConfig  # noqa: E402
 from nblib.engine.runner import Runner  # noqa: E402
@@ -128,7 +128,7 @@ def main():
     profile = params.load(a.params)
     dev = device.get(profile["backend"])
     out = Path(a.out)
-    result = dict(commit=os.environ.get("NBLIB_COMMIT", "unknown"), device=dev.device_name(), params=a.params)
+    result = dict(commit=commit(), device=dev.device_name(), params=a.params)
     if (a.topk_fit is not None or a.topk_grid or a.calibration) and profile["backend"] != "sim":
         sys.exit("error: --topk-fit, --topk-grid, --calibration time the simulator; use a sim profile")
     if a.topk_fit is not None and a.topk_grid:
