@@ -18,7 +18,9 @@ does not move, and what it rests on: the direction follows where the race sits. 
 an H100's race reaches the largest bucket and the copying designs raise the rate there, as on the
 simulator; the H200's never does (test below). Given the H200's side branch's fall with the batch and
 tool calls scaled to its step, the simulator's race leaves its largest bucket and main_stash reads
-unchanged, none diverging (outputs/probe/sim-row-topk/, a counterfactual).
+unchanged, none diverging (outputs/probe/sim-row-topk/, a counterfactual). Timed by the calibration
+measured on that H100 (outputs/probe/sim-h100-cal/), the simulator reads every design as the H100 does,
+none diverging (last test): what the H200 comparison waits for is the same file measured on an H200.
 
 The forced order is compared too, with the GPU run that has it (outputs/gpu-h100/, an H100): under it
 each design corrupts, or stays equal to eager, alike on both backends, in the same share of its
@@ -143,3 +145,39 @@ def test_the_writeup_says_where_the_race_sits_against_the_largest_bucket():
         (SIM, "reaches bucket 40"),
     ):
         assert word in "\n".join(report.backend_section(report.load(path.parent))), path
+
+
+SIM_H100 = ROOT / "outputs" / "probe" / "sim-h100-cal" / "protocol.json"
+
+
+def _reading(off, arm):
+    """raises, unchanged or lowers: Fisher's exact test of the arm's corrupted sessions against off's."""
+    from scipy.stats import fisher_exact
+
+    table = [
+        [arm["corrupted_sessions"], arm["sessions"] - arm["corrupted_sessions"]],
+        [off["corrupted_sessions"], off["sessions"] - off["corrupted_sessions"]],
+    ]
+    if fisher_exact(table).pvalue >= 0.05:
+        return "unchanged"
+    return (
+        "raises"
+        if arm["corrupted_sessions"] / arm["sessions"] > off["corrupted_sessions"] / off["sessions"]
+        else "lowers"
+    )
+
+
+def test_the_simulator_on_an_h100s_calibration_reads_every_design_as_that_h100():
+    """The simulator follows the GPU it is calibrated on: timed by the file scripts/calibrate_sim.py
+    measured on the H100, every design moves the rate the H100's way and diverges only where it does."""
+    probe = json.loads(SIM_H100.read_text())
+    assert probe["device"] == "CPU simulator" and probe["calibration"] == "params/calibration/h100.json"
+    assert json.loads((ROOT / probe["calibration"]).read_text())["device"].startswith("NVIDIA H100")
+    sim = {a["design"]: a for a in probe["designs"][0]["comparison"]["arms"]}
+    gpu_run = json.loads(GPU_H100.read_text())
+    gpu = {a["design"]: a for a in (gpu_run["off"], *gpu_run["designs"])}
+    assert gpu_run["device"].startswith("NVIDIA H100") and set(sim) == set(gpu)
+    for design in DESIGNS:
+        assert _reading(sim["off"], sim[design]) == _reading(gpu["off"], gpu[design]), design
+        assert (sim[design]["diverged"] > 0) == (gpu[design]["diverged"] > 0), design
+    assert _race_reaches_the_largest_bucket({"off": {"bucket_steps": probe["variants"][0]["bucket_steps"]}})
