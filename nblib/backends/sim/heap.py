@@ -16,8 +16,11 @@ import threading
 
 M_TRIM_THRESHOLD = -1
 M_MMAP_THRESHOLD = -3
-MMAP_THRESHOLD = 1 << 30  # bytes: larger than any tensor a simulated step makes
-TRIM_THRESHOLD = 1 << 31  # bytes of free heap top kept rather than handed back to the OS
+# glibc's own rule (a freed mapped block raises the threshold to its size, the trim threshold to twice
+# that) with a cap of 64 MB instead of 32: above it, blocks are still mapped and handed back, so a
+# long-lived process (a test worker) does not keep every large block it ever freed
+MMAP_THRESHOLD = 64 << 20
+TRIM_THRESHOLD = 2 * MMAP_THRESHOLD
 
 _done = threading.Event()
 
