@@ -9,7 +9,15 @@ the writeup say which, through these helpers, instead of a sentence written for 
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["GPU_TIMER", "backend_notes", "divergence_note", "gpu_time", "overhead_sentence", "timing_label"]
+__all__ = [
+    "GPU_TIMER",
+    "backend_notes",
+    "direction_note",
+    "divergence_note",
+    "gpu_time",
+    "overhead_sentence",
+    "timing_label",
+]
 
 GPU_TIMER = "cuda events"  # nblib.instruments.overhead.CUDA_EVENTS: timer's method on CUDA
 
