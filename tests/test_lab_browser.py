@@ -1,4 +1,4 @@
-"""The live panels as a person meets them: `make lab` serves notebooks 00 to 04 and 06 (the ci profile
+"""The live panels as a person meets them: `make lab` serves notebooks 00 to 04, 06 and 07 (the ci profile
 injected as papermill injects it), Debian's Chromium opens each one, the panels are switched on in the
 parameters cell, every cell runs from the Run menu, and one control is moved. Each test asserts that
 no cell shows an error, that the panel's controls are on the page, and that what the panel shows for
