@@ -50,6 +50,10 @@ RUNS = (
         "02's forced order",
     ),
     (
+        "outputs/gpu-h100-suite",
+        "the whole suite on params/gpu.yaml on an H100, one commit, notebook 07 on CUDA",
+    ),
+    (
         "outputs/sim-timed",
         "notebooks 00, 02, 03 and 07 on params/sim.yaml: the CPU simulator, tool calls in time on its clock",
     ),
