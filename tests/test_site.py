@@ -87,6 +87,19 @@ def test_the_committed_h200_run_shows_every_conclusion_in_its_notebook_and_on_it
     assert missing(res, page(run / "site" / f"{name}.html")) == []
 
 
+@pytest.mark.parametrize("name", suite.NOTEBOOKS)
+def test_the_committed_h100_suite_shows_every_conclusion_in_its_notebook_on_one_commit(name):
+    """outputs/gpu-h100-suite: the whole suite on CUDA, 07 included, each notebook ok on the run's
+    one commit, and what its results.json concludes displayed in its executed notebook."""
+    run = ROOT / "outputs" / "gpu-h100-suite"
+    res = json.loads((run / f"{name}.results.json").read_text())
+    assert (res["backend"], res["status"]) == ("cuda", "ok")
+    assert "H100" in res["device"]
+    commits = {json.loads(f.read_text())["commit"] for f in run.glob("*.results.json")}
+    assert commits == {res["commit"]} and len(res["commit"]) == 40
+    assert missing(res, displayed(run / f"{name}.ipynb")) == []
+
+
 @needs_chromium
 def test_the_site_in_a_headless_browser(ci_suite, built):
     shot = ci_suite / "landing.png"
