@@ -32,10 +32,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# What a lab test's batch cells need not repeat of the ci suite: values no panel reads (the panels call
+# the library with the model, buckets, workload, seed, protocol_runs and logits_policy, kept as the ci
+# profile has them); the panel is what the test checks, the batch cells' findings are the suite's tests'.
+LIGHTER = {
+    "00_reproduce": dict(index_dtypes=["bf16"], seed_blocks=[]),
+    "04_persistent_buffer_fix": dict(fix_target=0.2, timing_replays=5),
+}
+
+
 def ci_copy(name: str, root: Path, out: Path) -> Path:
     """The notebook with the ci profile's values injected as papermill injects them (a cell tagged
-    injected-parameters after the parameters cell), into root; its results go to out."""
-    profile = P.load(ROOT / "params" / "ci.yaml")
+    injected-parameters after the parameters cell), less the work LIGHTER leaves out, into root; its
+    results go to out."""
+    profile = {**P.load(ROOT / "params" / "ci.yaml"), **LIGHTER.get(name, {})}
     values = {k: v for k, v in profile.items() if k in P.DECLARES[name]}
     nb = load_notebook_node(str(NOTEBOOK_DIR / f"{name}.ipynb"))
     nb = parameterize_notebook(nb, {**values, "output_dir": str(out)})

@@ -1,8 +1,9 @@
 """The live panels as a person meets them: `make lab` serves notebooks 00 to 04, 06 and 07 (the ci profile
-injected as papermill injects it), Debian's Chromium opens each one, the panels are switched on in the
-parameters cell, every cell runs from the Run menu, and one control is moved. Each test asserts that
-no cell shows an error, that the panel's controls are on the page, and that what the panel shows for
-the new choice is what the library returns for it, called here in the test's own process.
+injected as papermill injects it, less batch work no panel reads: lab_driver.LIGHTER), Debian's
+Chromium opens each one, the panels are switched on in the parameters cell, every cell runs from the
+Run menu, and one control is moved. Each test asserts that no cell shows an error, that the panel's
+controls are on the page, and that what the panel shows for the new choice is what the library
+returns for it, called here in the test's own process.
 
 Screenshots of each live panel go to $NBLIB_LAB_SHOTS when it is set (docs/lab/ holds the committed
 ones), else to the test's temporary folder."""
