@@ -5,6 +5,7 @@ Run menu, and the panel's controls set and read as a person would."""
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -136,34 +137,78 @@ class Notebook:
         page.wait_for_selector(".jp-NotebookPanel .jp-Cell", timeout=120_000)
         page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=120_000)
 
-    def switch_panels_on(self):
-        """As a user would: type INTERACTIVE = True at the end of the parameters papermill injected."""
+    def switch_panels_on(self, attempts=3):
+        """As a user would: type INTERACTIVE = True on a line of its own at the end of the parameters
+        cell. Keys pressed before the editor has focus land elsewhere (a busy machine is slow to
+        focus it), so the cell's text is read back and the typing undone and retried until it is the
+        text before with that one line added."""
         cell = self.page.locator(".jp-Cell").filter(has_text="# Parameters").first
-        cell.locator(".cm-content").click()
-        self.page.keyboard.press("Control+End")
-        self.page.keyboard.type("\nINTERACTIVE = True")
-        self.page.keyboard.press("Escape")
+        editor = cell.locator(".cm-content")
+        before = self._lines(editor)
+        for _ in range(attempts):
+            editor.click()
+            cell.locator(".cm-editor.cm-focused").wait_for(timeout=30_000)
+            self.page.keyboard.press("Control+End")
+            self.page.keyboard.type("\nINTERACTIVE = True")
+            after = self._lines(editor)
+            if after == [*before, "INTERACTIVE = True"]:
+                self.page.keyboard.press("Escape")
+                return
+            while self._lines(editor) != before and self._undo(editor):
+                pass
+        raise AssertionError(f"{self.name}: typing INTERACTIVE = True left the parameters cell as {after!r}")
+
+    def _lines(self, editor) -> list[str]:
+        """The editor's document, line by line, from CodeMirror's own state (the DOM holds only the
+        lines in view)."""
+        return editor.evaluate("e => e.cmView.view.state.doc.toString()").split("\n")
+
+    def _undo(self, editor) -> bool:
+        """One Ctrl+Z in the editor; False once it changes nothing."""
+        lines = self._lines(editor)
+        self.page.keyboard.press("Control+z")
+        self.page.wait_for_timeout(100)
+        return self._lines(editor) != lines
 
     def run_all(self, timeout_s=420):
-        """Run > Run All Cells, then wait for the last cell's status line or a traceback. On a
-        timeout, what the page shows of the kernel and the cells run says where it stopped."""
+        """Run > Run All Cells, then wait until the run has ended: the last cell's status line, a
+        traceback, or no cell left running or queued (a SyntaxError or a kernel restart stops the
+        run with no traceback). A run that ended without the status line fails, saying where."""
         from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
         self._start_all()
         try:
             self.page.wait_for_function(
-                """() => [...document.querySelectorAll('.jp-OutputArea-output')].some(e =>
-                     /status: ok|Traceback \\(most recent call last\\)/.test(e.innerText))""",
+                """() => {
+                     const outs = [...document.querySelectorAll('.jp-OutputArea-output')];
+                     if (outs.some(e => /status: ok|Traceback \\(most recent call last\\)/.test(e.innerText)))
+                       return true;
+                     const busy = [...document.querySelectorAll('.jp-InputArea-prompt')]
+                       .some(e => /\\[\\*\\]/.test(e.innerText));
+                     const ind = document.querySelector('.jp-Notebook-ExecutionIndicator');
+                     return !busy && ind && ind.dataset.status === 'idle';
+                   }""",
                 timeout=timeout_s * 1000,
+                polling=1000,
             )
         except PlaywrightTimeout:
-            status = self.page.locator(".jp-Notebook-ExecutionIndicator").first.get_attribute("data-status")
-            prompts = self.page.locator(".jp-InputArea-prompt").all_inner_texts()
-            raise AssertionError(
-                f"{self.name}: no status line nor traceback after {timeout_s} s; kernel {status}, "
-                f"prompts {[p.strip() for p in prompts]}"
-            ) from None
+            raise AssertionError(f"{self.name}: still running after {timeout_s} s; {self._where()}") from None
         self.page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=60_000)
+        outs = self.page.locator(".jp-OutputArea-output").all_inner_texts()
+        if not any("status: ok" in t for t in outs) and not self.errors():
+            raise AssertionError(f"{self.name}: the run stopped before the status line; {self._where()}")
+
+    def _where(self) -> str:
+        """What the page shows of the run: the kernel's state, each code cell's prompt, the outputs
+        of the last cell run and any dialog open."""
+        status = self.page.locator(".jp-Notebook-ExecutionIndicator").first.get_attribute("data-status")
+        prompts = [p.strip() for p in self.page.locator(".jp-InputArea-prompt").all_inner_texts()]
+        ran = self.page.locator(".jp-CodeCell").filter(
+            has=self.page.locator(".jp-InputArea-prompt", has_text=re.compile(r"\[\d+\]"))
+        )
+        last = ran.last.locator(".jp-OutputArea-output").all_inner_texts() if ran.count() else []
+        dialogs = self.page.locator(".jp-Dialog").all_inner_texts()
+        return f"kernel {status}, prompts {[p for p in prompts if p]}, last outputs {last}, dialogs {dialogs}"
 
     def _start_all(self, attempts=3, start_s=60):
         """Click Run > Run All Cells until a cell has started (its prompt shows * or a number): a click
