@@ -3,6 +3,7 @@ port, in its own process group, stopped by stop()), a notebook of the ci profile
 Chromium through Playwright, its panels switched on in the parameters cell, every cell run from the
 Run menu, and the panel's controls set and read as a person would."""
 
+import contextlib
 import json
 import os
 import re
@@ -241,12 +242,20 @@ class Notebook:
         texts = self.page.locator(".jp-OutputArea-output").all_inner_texts()
         return [t[:400] for t in texts if "Traceback (most recent call last)" in t]
 
-    def saved(self, root: Path):
-        """Save (Ctrl+S) and read the notebook back from disk."""
+    def saved(self, root: Path, timeout_s=60):
+        """Save (Ctrl+S) and read the notebook back from disk once the file has changed (a busy
+        machine can take seconds to write it) and reads whole."""
+        path = root / f"{self.name}.ipynb"
+        before = path.stat().st_mtime_ns
         self.page.locator(".jp-Notebook").first.click(position={"x": 5, "y": 5})
         self.page.keyboard.press("Control+s")
-        self.page.wait_for_timeout(1500)
-        return json.loads((root / f"{self.name}.ipynb").read_text())
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if path.stat().st_mtime_ns != before:
+                with contextlib.suppress(json.JSONDecodeError):
+                    return json.loads(path.read_text())
+            self.page.wait_for_timeout(250)
+        raise AssertionError(f"{self.name}: Ctrl+S did not write {path} in {timeout_s} s")
 
 
 class Panel:
